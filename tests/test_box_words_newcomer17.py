@@ -72,7 +72,7 @@ def test_a_range_of_ids_holds_only_listed_ids():
 
 
 def test_rewritten_lists_final_ops_and_verbose_lists_side_products():
-    t = _trace(FIX / "zoo" / "gptj.dynamo-eager.onnx")
+    t = _trace(FIX / "cases" / "gpt-neox.legacy-sdpa.onnx")  # the QKV-column rewrite makes a FusedMatMulBiasAct
     v = RunVerdict.of(t).layers[0]
     ids = [int(i) for item in v.rewritten for i in re.findall(r"%(\d+)", item)]
     assert ids and all(i in t.final for i in ids), v.rewritten

@@ -120,7 +120,7 @@ def test_esm_qdyn_gap_carries_the_blocker_the_v_check_finds(capsys):
         trait = [g for g in lv.gaps if g.by.endswith("(integer_qkv)")]  # `declarations.trait_named`
         assert own and own[0].blocker == f"qkv_packed ({NOT_RECOGNIZED})" and own[0].blocker_own
         assert trait and not trait[0].blocker
-    assert "alone it is not enough in 2 of them: qkv_packed (not recognized) fails next" in run.headline
+    assert "alone is not enough in 2 of them: qkv_packed (not recognized) fails next" in run.headline
     assert "nothing in the model to change" not in run.headline
     code, out, err = cli_run(capsys, "explain", ESM_QDYN, "--seq", "8", "-v")
     assert code == 0, err

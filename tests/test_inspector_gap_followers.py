@@ -2,11 +2,12 @@
 `explain -v` do (a newcomer's run 18).
 
 gptj.dynamo-eager's attention place is a gap (`rope_full_rotary`: rlxviz has no FusedAttentionBlock with partial
-rotary RoPE); `rope_halves`, `qkv_split` and `qkv_user_count` fail there too but are no gap of the place
-(`passes.why.standing.gap_followers`). The drawer called each of them "△ gap in rlxviz's ops" and gave each the
-partial-rotary gap's *Why*. Decision: a follower reads as the drawing's note (`viz.overlay.follower_note`: `beside the
-gap rope_full_rotary:` / `rope_halves (not recognized) also fails, no gap itself`), with its own message and fixes,
-never another guard's gap reason.
+rotary RoPE); `rope_halves` fails there too but is no gap of the place (`passes.why.standing.gap_followers`). The
+drawer called each further guard "△ gap in rlxviz's ops" and gave each the partial-rotary gap's *Why*. Decision: a
+follower reads as the drawing's note (`viz.overlay.follower_note`: `fix of rope_full_rotary alone is not enough:` /
+`rope_halves (not recognized) fails next`, or `beside the gap ...: ... also fails, no gap itself`), with its own
+message and fixes, never another guard's gap reason. A fusion that left something out at a gap (gptj's tanh-GELU
+epilogue) says `left out (△ gap in rlxviz's ops)`, as the drawing marks it.
 
 The same drawer named the ONNX nodes of a fused attention as `node_view (Reshape), node_view_1 (Reshape)`, the two
 imported nodes the last fusion took in directly; it now follows the fusions back to every imported node (its MatMuls
@@ -44,7 +45,7 @@ def _items(text: str, guard: str) -> list[str]:
     return [line for line in text.splitlines() if line.startswith("- ") and f"guard **{guard}**" in line]
 
 
-def test_gptjs_followers_are_not_called_gaps_nor_given_the_gaps_why():
+def test_gptjs_further_guards_are_not_called_gaps_nor_given_the_gaps_why():
     t = shared_trace(GPTJ)
     k = next(k for k, s in enumerate(t.steps) if s.pass_name == "fuse_attention_block")
     s = t.steps[k]
@@ -55,15 +56,12 @@ def test_gptjs_followers_are_not_called_gaps_nor_given_the_gaps_why():
     assert GAP_MARK in gap and "rlxviz has no FusedAttentionBlock with partial rotary RoPE" in gap, gap
     (halves,) = _items(at_attn, "rope_halves")
     assert GAP_MARK not in halves and "partial rotary" not in halves, halves
-    assert "△ beside the gap rope_full_rotary:</b> rope\\_halves (not recognized) also fails, no gap itself" in halves
+    # the n_rot fix alone leaves the interleaved rotation standing: the gap fix's caveat, as `explain -v` says it
+    assert "△ fix of rope_full_rotary alone is not enough:</b> rope\\_halves (not recognized) fails next" in halves
     assert "*Compiler fix:* an interleaved attribute on FusedAttentionBlock" in halves  # its own fix stays
+    # Q/K/V are merged alone (tests/test_shared_input_attention_group.py): no packing of rlxviz's own is refused
     at_qkv = report_markdown(node_report(s.before, qkv, t))
-    for guard in ("qkv_user_count", "qkv_split"):
-        said = _items(at_qkv, guard)
-        assert said and all(GAP_MARK not in x and "*Why:* not the model's layout" not in x for x in said), said
-    assert all("qkv\\_user\\_count (illegal) also fails, no gap itself" in x for x in _items(at_qkv, "qkv_user_count"))
-    assert all("fix of rope_full_rotary alone is not enough:</b> qkv\\_split (not recognized) fails next" in x
-               for x in _items(at_qkv, "qkv_split"))
+    assert not _items(at_qkv, "qkv_user_count") and not _items(at_qkv, "qkv_split"), at_qkv
 
 
 @pytest.mark.parametrize("path", CASES, ids=lambda p: p.stem)
@@ -97,8 +95,10 @@ def test_every_refusal_at_a_gap_place_reads_as_the_drawing_marks_it(path):
                     assert f"△ {first}</b> {md_escape(said)}" in item and GAP_MARK not in item, item
                     assert not any(md_escape(w) in item for w in whys), item
                     checked += 1
-    if path.stem == "esm.qdyn":
-        assert checked == 0  # its gaps have no followers: every guard that fails there is a gap
+    if path.stem in ("esm.qdyn", "phi.dynamo-eager"):
+        # no followers: every guard that fails at esm.qdyn's gaps is a gap; phi's partial rotary is the only guard
+        # failing at its attention (its Q/K/V are no longer packed with fc1)
+        assert checked == 0
     else:
         assert checked, path.stem
 

@@ -119,8 +119,8 @@ def test_esm_qdyn_text_and_json_agree(capsys):
     n = len(j["layers"])
     assert d and jcode == code and j["ok"] and j["fused_layers"] == 0 and j["gap_layers"] == n == 2
     assert (f"0/{n} layer(s) fused as expected; {n} {PATTERN_WORDS} (rlxviz lacks {INTEGER_QKV_GAP}, "
-            f"{PRE_ROPE_SCALE_GAP}: a compiler fix; alone it is not enough in 2 of them: qkv_packed (not recognized) "
-            "fails next)\n") in text, text
+            f"{PRE_ROPE_SCALE_GAP}: a compiler fix; the fix for {PRE_ROPE_SCALE_GAP} alone is not enough in 2 of "
+            "them: qkv_packed (not recognized) fails next)\n") in text, text  # two forms: whose fix was checked
     assert "NOT fused" not in text
     for lv in j["layers"]:
         assert lv["status"] == PATTERN_WORDS and lv["first"] is None

@@ -8,6 +8,8 @@ model's outputs" (`qkv_user_count`) for a slice rlxviz itself made, while `expla
 Decision: the refusal is worded where it is made (`passes.merged.merged_advice`, from `search.attempt`): nothing to
 change in the model, the compiler fix names the merge; and every view reads the one checked trace (`explain -v`'s,
 `session.advice.advised`): the inspector's fix, the export's `fix_K` / `compiler_fix_K` and `-v`'s `fix:` line agree.
+The canonical run now keeps Q/K/V apart from fc_in (tests/test_shared_input_attention_group.py); the words are checked
+on runs that still make the packing: the merge cost test off (`merge_cost_test=False`).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from test_near_miss_rule import trace_of
 
 from rlxviz import cli
 from rlxviz.app.explain import node_decisions
-from rlxviz.passes import Trace
+from rlxviz.passes import Pipeline, Trace
 from rlxviz.passes.explain import explain
 from rlxviz.passes.refusal_kinds import COMPILER_ONLY
 from rlxviz.session import OpenRequest, open_model
@@ -38,16 +40,23 @@ def _path(name: str) -> Path:
 
 
 @functools.cache
-def _advised(name: str) -> Trace:
-    """The run with its fixes as `explain -v` prints them (checked), as the app's inspector reads it."""
-    t = trace_of(_path(name))
+def _merged(name: str) -> Trace:
+    """The run with the merge cost test off: fc_in (fc1) packed into Q/K/V, as the canonical run did before."""
+    return Pipeline.canonical(merge_cost_test=False).run(open_model(OpenRequest(source=str(_path(name)))).graph)
+
+
+@functools.cache
+def _advised(name: str, merged: bool = True) -> Trace:
+    """The run (`_merged`, else the canonical run) with its fixes as `explain -v` prints them (checked), as the
+    app's inspector reads it."""
+    t = _merged(name) if merged else trace_of(_path(name))
     m = open_model(OpenRequest(source=str(_path(name))))
     return advised(t, m.name, m.random_feeds(seed=0), m.weights)
 
 
 @pytest.mark.parametrize("name", list(MERGED))
 def test_a_refusal_by_rlxvizs_own_merge_advises_no_model_edit(name):
-    t = trace_of(_path(name))
+    t = _merged(name)
     hits = [r for r in t.rejections if r.guard in ("qkv_split", "qkv_user_count")]
     assert {r.guard for r in hits} == {"qkv_split", "qkv_user_count"}, [r.guard for r in hits]
     for r in hits:
@@ -103,7 +112,7 @@ def test_the_export_cli_writes_explains_checked_fix_lines(tmp_path):
            if a["key"].startswith("compiler_fix_") and a["value"].startswith("an n_rot attribute")]
     assert gap
     # the compiler fix line `explain -v` prints for the rope_full_rotary gap: checked at its rule alone
-    o = next(o for o in explain(_advised("gptj"), 0).rejected if o.guard == "rope_full_rotary")
+    o = next(o for o in explain(_advised("gptj", merged=False), 0).rejected if o.guard == "rope_full_rotary")
     assert "(checked at this rule alone: " in o.fix
     assert any(a["value"].startswith(o.fix) for a in gap), [a["value"] for a in gap]
     assert all("(checked at this rule alone: " in a["value"] for a in gap), [a["value"] for a in gap]

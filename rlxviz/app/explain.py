@@ -241,12 +241,16 @@ def _ops(g: Graph, ids: Iterable[int]) -> list[str]:
     return [f"%{i} {g[i].op.value}" if i in g else f"%{i}" for i in ids]
 
 
-def _left(trace: Trace, k: int, r: Rejection) -> dict[str, Any]:
+def _left(trace: Trace, k: int, r: Rejection,
+          standings: Mapping[tuple[str, int], tuple[Rejection, tuple[str, str] | None]]) -> dict[str, Any]:
     """What soft rejection `r` (of step `k`) left out of its fusion: the nodes, the guard, its kind, the message as
-    `explain` words it, the hints."""
+    `explain` words it, the hints, and `gap`: whether its place is at a gap in rlxviz's ops (`standings`, the step's
+    `place_standings`: gptj's tanh-GELU epilogue, drawn △), so the item says so as the drawing does."""
     message, hint = in_context(trace, k, r)
+    st = standings.get((r.rule, r.anchor), (r, None))[1]
     return {"nodes": _ops(trace.steps[k].before, r.offending), "guard": r.guard, "kind": r.kind,
-            "message": message, "hint": hint, "fix": r.fix, "dead": r.dead}
+            "message": message, "hint": hint, "fix": r.fix, "dead": r.dead,
+            "gap": st is not None and st[0] == OP_GAP_GROUP}
 
 
 def _place(g: Graph, anchor: int, role: str | None = None, node: int | None = None) -> str:
@@ -322,9 +326,12 @@ def node_decisions(trace: Trace, node_id: int) -> list[dict[str, Any]]:
             if not mine and not any(node_id in r.offending for r in left):
                 continue  # nothing about this node (the words below are made only for its own decisions)
             fused = _ops(s.before, made.absorbed) if made is not None else []
+            if left and standings is None:
+                standings = place_standings(trace, k)
             what = {"pass": s.pass_name, "rule": m.rule, "anchor": m.anchor, "place": _place(s.before, m.anchor),
                     "made": f"{made.op.value} %{made.id}"
-                    if made is not None else "", "fused": fused, "left_out": [_left(trace, k, r) for r in left]}
+                    if made is not None else "", "fused": fused,
+                    "left_out": [_left(trace, k, r, standings or {}) for r in left]}
             if mine:
                 first = what["left_out"][0] if left else None
                 taken = m.fused == node_id or absorbed
@@ -339,7 +346,7 @@ def node_decisions(trace: Trace, node_id: int) -> list[dict[str, Any]]:
                 if node_id in r.offending:  # the node the fusion did not take
                     add({**what, "role": "left out", "outcome": "left out", "guard": r.guard,
                          "message": d["message"], "hint": d["hint"], "kind": r.kind, "fix": r.fix, "dead": r.dead,
-                         "left_out": [d]})
+                         "gap": d["gap"], "left_out": [d]})
         for r in s.rejections:
             if r.soft and (r.rule, r.anchor) in told:
                 continue  # said with its fusion, above
@@ -509,6 +516,11 @@ def _why_of(d: Mapping[str, Any]) -> str:
     return _why_markdown(d["guard"], d.get("kind", ""), d["message"], d["hint"], d.get("fix", ""), d.get("dead", ()))
 
 
+def _left_word(x: Mapping[str, Any]) -> str:
+    """`left out`, with the gap's △ word when what was left out is at a gap in rlxviz's ops (`_left`'s `gap`)."""
+    return f"{LEFT_OUT} ({OP_GAP.format(standing=html_text(OP_GAP_GROUP))})" if x.get("gap") else LEFT_OUT
+
+
 def decisions_markdown(decisions: list[dict[str, Any]]) -> list[str]:
     """The inspector's items for a node's `node_decisions`, one `decision_markdown` each. A node that belongs to
     several places (a norm's own fusion, and the layer candidate whose guard on that norm failed) has its items
@@ -534,7 +546,7 @@ def decision_markdown(d: dict[str, Any]) -> str:
     if d["outcome"] == "operand":  # bound to a role, not absorbed: an input of what the match made
         of = md_code(d["made"]) if d.get("made") else f"{rule}'s rewrite"
         passed = ("all guards passed" if not d.get("left_out") else
-                  "; ".join(f"{LEFT_OUT}: {md_escape(', '.join(x['nodes']) or 'a part of it')}, "
+                  "; ".join(f"{_left_word(x)}: {md_escape(', '.join(x['nodes']) or 'a part of it')}, "
                             + _why_of(x)
                             for x in d["left_out"]))
         return f"- {OPERAND} *{role}* of {of} ({rule} matched; {passed})"
@@ -542,7 +554,7 @@ def decision_markdown(d: dict[str, Any]) -> str:
         head = f"- {PASSED} by {rule} as *{role}*: {product}"
         if not d.get("left_out"):
             return head + "; all guards passed"
-        return head + "".join(f"; {LEFT_OUT}: {md_escape(', '.join(x['nodes']) or 'a part of it')}, "
+        return head + "".join(f"; {_left_word(x)}: {md_escape(', '.join(x['nodes']) or 'a part of it')}, "
                               + _why_of(x)
                               for x in d["left_out"])
     why = _why_of(d)
@@ -558,7 +570,7 @@ def decision_markdown(d: dict[str, Any]) -> str:
                 + (f" ({md_escape(stage)})" if stage else "") + f": {why}{reason}")
     if d["outcome"] == "left out":
         made = f" ({product})" if d.get("made") else ""
-        return f"- {LEFT_OUT} of {rule}'s fusion{made}: {why}"
+        return f"- {_left_word(d)} of {rule}'s fusion{made}: {why}"
     stage = d["outcome"].removeprefix("rejected").strip(" ()")
     return f"- {REJECTED} {rule} as *{role}*" + (f" ({md_escape(stage)})" if stage else "") + f": {why}"
 

@@ -36,10 +36,12 @@ from ..rule import QUIET, Fail, Rule, Soft, reports
 #
 # The cost test: a merge must not destroy a fusion a member takes part in. A member whose bias add feeds
 # an activation from the epilogue allow-list would lose its epilogue (the activation would read a narrow
-# of the merged sum); a group of three that feeds one attention as Q, K and V is merged alone (in Q/K/V
-# order), because anything else in the packed projection makes it wider than 3*H and costs the attention
-# block. Refused members are named in a `merge_keeps_fusions` rejection (kind: not profitable; remedy:
-# `guard.DOES_NOT_PAY`: the tool's own rule declined it, so it is no near-miss and no layer is NOT fused for it).
+# of the merged sum); the members that feed one attention's Q, K and V (directly or through their head
+# split and RoPE: GPT-J's, Phi's and CodeGen's parallel blocks read one normed input for Q/K/V and the MLP)
+# are merged alone (in Q/K/V order), because anything else in the packed projection makes it wider than
+# Q/K/V and costs the attention block. Refused members are named in a `merge_keeps_fusions` rejection (kind:
+# not profitable; remedy: `guard.DOES_NOT_PAY`: the tool's own rule declined it, so it is no near-miss and no
+# layer is NOT fused for it).
 
 
 def _value(g: Graph, mm: Node) -> int:
@@ -73,16 +75,19 @@ def _epilogue_of(g: Graph, mm: Node) -> Node | None:
 
 
 def _attention_triple(g: Graph, members: list[Node]) -> tuple[Node, list[Node]] | None:
-    """`(attention, [q, k, v] members)` when three members feed one attention as its Q, K and V."""
-    by_value = {_value(g, m): m for m in members}
+    """`(attention, members)` when members feed one attention's Q, K and V (operands 0, 1, 2) between them, each
+    directly or through its head split, RoPE and scale (`_first_readers`): three members (Q, K, V, in that order),
+    or fewer when one is already packed (CodeGen's `qkv_proj`: one member feeds all three). Merging any other member
+    with them would make the packed projection wider than Q/K/V, which costs the attention block (`qkv_packed`)."""
+    slots: dict[int, dict[int, Node]] = {}  # attention -> operand slot -> member feeding it
     for m in members:
-        for u in g.users(_value(g, m)):
-            if u.op != Op.ATTENTION or len(u.inputs) < 3:
-                continue
-            qkv = [by_value.get(i) for i in u.inputs[:3]]
-            if all(q is not None for q in qkv) and len({q.id for q in qkv if q is not None}) == 3 and all(
-                    len(g.users(i)) == 1 and not g.is_output(i) for i in u.inputs[:3]):
-                return u, [q for q in qkv if q is not None]
+        for a, k in sorted(_first_readers(g, _value(g, m))):
+            if k < 3 and g[a].op == Op.ATTENTION:
+                slots.setdefault(a, {}).setdefault(k, m)
+    for a, by_slot in slots.items():
+        if len(by_slot) == 3:
+            qkv = list({by_slot[k].id: by_slot[k] for k in range(3)}.values())
+            return g[a], qkv
     return None
 
 

@@ -390,7 +390,8 @@ def gap_words(r: RunVerdict) -> str:
         return ""
     counts = [f"{n} {gap_status(made, patterns=pat)}" for made in (True, False) for pat in (False, True)
               if (n := sum(s.has_fused_op == made and s.pattern_blocked == pat for s in short))]
-    blockers = [s.gap_blocker for s in short if s.gap_blocker]  # `OpGap.blocker`: the fix alone not enough
+    firsts = [g for s in short if (g := next((x for x in s.gaps if x.blocker), None))]  # `LayerVerdict.gap_blocker`
+    blockers = [g.blocker for g in firsts]  # `OpGap.blocker`: the fix alone not enough
     worked = sum(s.gap_workaround for s in short)  # `OpGap.workaround`: a checked change to the model
     lacks = f"{', '.join(counts)} (rlxviz lacks {', '.join(gap_forms(r))}"
     if not blockers and not worked:
@@ -398,7 +399,10 @@ def gap_words(r: RunVerdict) -> str:
     # the compiler fix alone leaves a refusal standing (`caveat.fix_blocker`), or a checked change to the model makes
     # the fusion too (`caveat.model_fix_note`): "nothing in the model to change" is not true there, so the headline
     # says what fails next, and in how many layers the model can be changed instead
-    alone = (f"; alone it is not enough in {len(blockers)} of them: {', '.join(dict.fromkeys(blockers))} fails next"
+    # where rlxviz lacks several forms, whose fix was checked alone (`caveat.CAVEAT_OF`, as the gap lines say it)
+    whose = (f"the fix for {', '.join(dict.fromkeys(g.form for g in firsts))} alone is" if len(gap_forms(r)) > 1
+             else "alone it is")
+    alone = (f"; {whose} not enough in {len(blockers)} of them: {', '.join(dict.fromkeys(blockers))} fails next"
              if blockers else "")
     rounded = sum(s.gap_workaround_rounded for s in short)  # `OpGap.rounded`: equal only up to rounding
     exactly = ("" if not rounded else "equal only up to rounding; " if rounded == worked else
