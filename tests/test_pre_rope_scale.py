@@ -90,11 +90,15 @@ def test_text_json_and_fix_line_say_the_same(capsys, path, keeps):
     # two gaps read "rlxviz has no X and no Y" (not "nor")
     assert f"rlxviz has no {PRE_ROPE_SCALE_GAP}" in text or f"and no {PRE_ROPE_SCALE_GAP}" in text
     assert f"(compiler fix: {PRE_ROPE_SCALE_FIX}" in text or f"; {PRE_ROPE_SCALE_FIX}" in text
-    assert f"moving that mul after the RoPE would keep the numbers {keeps}" in text
+    # the model change is named as a workaround, not needed, never as the fix after "nothing to change"
+    assert f"(a workaround in the model, not needed: moving that mul after the RoPE would keep the numbers {keeps}" \
+        in text
     assert "NOT fused" not in text
     for lv in j["layers"]:
         # eager and qdyn: the scale fix alone leaves `qkv_packed (not recognized)` (`explain -v`'s check)
-        assert lv["status"] == (WORDS if path not in (EAGER, QDYN) else "fused as far as rlxviz's ops and patterns go")
+        # the float export's fix alone leaves `qkv_packed (not recognized)`, a pattern miss; esm.qdyn's qkv_packed is
+        # its integer-matmul projections' gap (newcomer run 19): rlxviz's ops alone
+        assert lv["status"] == (WORDS if path != EAGER else "fused as far as rlxviz's ops and patterns go")
         assert lv["first"] is None
         assert any(g.startswith(f"{PRE_ROPE_SCALE_GAP} (") for g in lv["op_gaps"]), lv["op_gaps"]
     assert f"  rlxviz's ops lack: {PRE_ROPE_SCALE_GAP} (fuse_attention_block.qkv_attention_out: default_scale)" in text

@@ -139,9 +139,11 @@ def pre_rope_hint(node: Node, factor: float, d: int) -> str:
     keeps = (f"exactly here: {factor:.6g} is a power of two and RoPE is linear" if exact else
              f"only up to rounding here: {factor:.6g} is not a power of two, though RoPE is linear")
     op = node.op.value
+    # the model needs no change; moving the mul is named as a workaround (`policy.WORKAROUND`'s words), so the line
+    # does not say "nothing to change" and then propose a change (newcomer run 19)
     return (f"{NOTHING_TO_CHANGE}: its scale is the default 1/sqrt({d}) = {factor:.6g}, applied to Q by {op} "
-            f"({where}) before its RoPE, which fuse_sdpa does not fold through; moving that {op} after the RoPE "
-            f"would keep the numbers {keeps}")
+            f"({where}) before its RoPE, which fuse_sdpa does not fold through (a workaround in the model, not "
+            f"needed: moving that {op} after the RoPE would keep the numbers {keeps})")
 
 
 def _pass_input(steps: Sequence[Any], k: int) -> Any:

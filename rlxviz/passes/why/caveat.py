@@ -104,15 +104,22 @@ def fix_blocker_own(trace: Trace, rule: str, anchor: int, guard: str) -> bool:
     return _fix_blocker(trace, rule, anchor, guard)[2]
 
 
-def _fix_blocker(trace: Trace, rule: str, anchor: int, guard: str) -> tuple[str, str, bool]:
-    """`(fix_blocker, fix_blocker_kind, fix_blocker_own)`, checked once per refusal and trace: the same check as
-    `explain -v`'s `checked at this rule alone` (`session.advice`), so every view names what that line names. Where
-    the pass makes no product for the layer at all (`policy.lacks_product`, esm.qdyn's integer projections) the
-    guard's own compiler fix is still the one checked: the check is the refusal's own, whatever the layer's kind."""
+def fix_blocker_guard(trace: Trace, rule: str, anchor: int, guard: str) -> str:
+    """The guard of what `fix_blocker` names as failing next (`qkv_packed`, `rope_halves`); "" when it names
+    nothing. A layer's verdict asks whether that guard is a gap of its own (`excused.excused_misses`)."""
+    return _fix_blocker(trace, rule, anchor, guard)[3]
+
+
+def _fix_blocker(trace: Trace, rule: str, anchor: int, guard: str) -> tuple[str, str, bool, str]:
+    """`(fix_blocker, fix_blocker_kind, fix_blocker_own, its guard)`, checked once per refusal and trace: the same
+    check as `explain -v`'s `checked at this rule alone` (`session.advice`), so every view names what that line
+    names. Where the pass makes no product for the layer at all (`policy.lacks_product`, esm.qdyn's integer
+    projections) the guard's own compiler fix is still the one checked: the check is the refusal's own, whatever the
+    layer's kind."""
     facts = RunFacts.of(trace)
     key = ("fix_blocker", rule, anchor, guard)
     if key not in facts.cache:
-        facts.cache[key] = ("", "", False)
+        facts.cache[key] = ("", "", False, "")
         pass_name = rule.split(".")[0]
         hit = next(((k, r) for k, s in enumerate(trace.steps) if s.pass_name == pass_name for r in s.rejections
                     if (r.rule, r.anchor, r.guard) == (rule, anchor, guard) and r.fix), None)
@@ -122,7 +129,7 @@ def _fix_blocker(trace: Trace, rule: str, anchor: int, guard: str) -> tuple[str,
             made = made_readers(trace, fix_alone_readers(trace, *hit)) if blocker[0] != guard else None
             if made is not None:
                 name = MADE_READERS.format(guard=blocker[0], kind=blocker[1], rule=made[0], what=made[1])
-            facts.cache[key] = (name, blocker[1], blocker[1] == NOT_RECOGNIZED or made is not None)
+            facts.cache[key] = (name, blocker[1], blocker[1] == NOT_RECOGNIZED or made is not None, blocker[0])
     return facts.cache[key]
 
 
@@ -180,5 +187,6 @@ def line_caveats(trace: Trace, rule: str, anchor: int, guard: str, arch: Archite
 
 
 __all__ = ["CAVEAT", "CAVEAT_OF", "MADE_READERS", "WORKAROUND", "alone_caveat", "blocker_name", "caveat_words",
-           "fix_blocker", "fix_blocker_kind", "fix_blocker_own", "fix_caveat", "line_caveats", "made_readers",
+           "fix_blocker", "fix_blocker_guard", "fix_blocker_kind", "fix_blocker_own", "fix_caveat", "line_caveats",
+           "made_readers",
            "model_fix_note", "model_fix_rounded", "workaround_words"]
