@@ -192,7 +192,8 @@ def node_report(graph: Graph, node_id: int, trace: Trace | None = None,
             verdict of `trace` as it stands (`RunVerdict.of`).
         weights: the model's params by name: the report then summarizes the node's weights (`node_weights`).
         onnx_nodes: `Model.meta["onnx_nodes"]` of a model read from ONNX: the report then names the ONNX nodes the
-            node came from (`onnx`: `onnx_origin`), to find it in Netron or Model Explorer.
+            node came from (`onnx`: `onnx_origin`, each named by one node of `graph`; `onnx_product`: `rope %777`
+            for a node made beside that product, which names its match's), to find it in Netron or Model Explorer.
         onnx_domains: `Model.meta["onnx_domains"]` (ONNX node name -> its domain, as the file says): the report's
             `onnx_domains` then gives the file's domain of each named node (else `onnx_domain` infers it).
 
@@ -223,8 +224,12 @@ def node_report(graph: Graph, node_id: int, trace: Trace | None = None,
         "decisions": [], "verdict": None, "made": "", "onnx_own": bool(onnx_nodes) and n.id in onnx_nodes,
     }
     # the ONNX nodes it came from, through every fusion of the run (a fused attention: its MatMuls and Softmax)
+    # each imported node named by one live node of `graph`, the one that computes it (`onnxorigin.onnx_claims`)
     versions = all_versions(trace) if trace is not None and onnx_nodes else None
-    report["onnx"] = onnx_origin(n, onnx_nodes, versions)
+    beside = made_in_run(trace) if trace is not None and onnx_nodes else {}
+    report["onnx"] = onnx_origin(n, onnx_nodes, versions, graph, beside)
+    b = beside.get(node_id)
+    report["onnx_product"] = f"{b.op} %{b.product}" if b is not None and node_id not in onnx_nodes else ""
     report["onnx_domains"] = ({name: onnx_domains[name] for _, name in report["onnx"] if name in onnx_domains}
                               if onnx_domains else {})
     if trace is None:

@@ -1,6 +1,7 @@
 """Which ONNX nodes an IR node came from, for the inspector (no Panel import).
 
-* `onnx_origin`: the ONNX nodes of a node: its own, or every one a fusion absorbed, through the fusions before it.
+* `onnx_origin`: the ONNX nodes of a node: its own, or every one a fusion absorbed, through the fusions before it,
+  less those another node of its version computes (`onnx_claims`).
 * `onnx_markdown`: the inspector's line for them, bounded: the compute nodes first (MatMul, Softmax, ...), the rest
   counted by op type.
 * `onnx_domain`: the ONNX domain an op type came from, read off the importer's table.
@@ -11,10 +12,14 @@ from __future__ import annotations
 import functools
 from collections import Counter
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..ir import Graph, Node
+from ..ir.identity import DigestCache
 from .text import md_code, md_escape
+
+if TYPE_CHECKING:
+    from ..passes.made import Beside
 
 ONNX_NAMES_SHOWN = 6
 """Most ONNX node names the inspector lists for a node made of several (the rest counted by op type)."""
@@ -36,46 +41,101 @@ def _rank(op_type: str) -> int:
 
 
 def onnx_origin(n: Node, onnx_nodes: Mapping[int, tuple[str, str, str]] | None,
-                versions: Graph | None = None) -> list[tuple[str, str]]:
-    """The ONNX nodes `n` came from, as `(op type, node name)`, each once: its own (an imported node keeps its id),
-    else every imported node a pass absorbed into it, through the nodes earlier passes made (`versions`: every node
-    of the run, `viz.overlay.all_versions`; without it, one step back): gptj's attention %251 -> its MatMuls,
-    Softmax, Mul, Slices ..., not only the two Reshapes it absorbed itself. Compute op types first (`_rank`), each
-    group in the file's order.
-    [] for a model not read from ONNX.
+                versions: Graph | None = None, live: Graph | None = None,
+                beside: Mapping[int, Beside] | None = None) -> list[tuple[str, str]]:
+    """The ONNX nodes `n` came from, as `(op type, node name)`, each once (`onnx_claims`, named): its own, or every
+    imported node a pass absorbed into it, through the nodes earlier passes made: gptj's attention %251 -> its
+    MatMuls, Softmax, Mul, Slices ..., not only the two Reshapes it absorbed itself. Compute op types first
+    (`_rank`), each group in the file's order. [] for a model not read from ONNX."""
+    if not onnx_nodes:
+        return []
+    order = {i: k for k, i in enumerate(onnx_nodes)}
+    ids = sorted(onnx_claims(n, onnx_nodes, versions, live, beside),
+                 key=lambda i: (_rank(onnx_nodes[i][0]), order[i]))
+    return list(dict.fromkeys((onnx_nodes[i][0], onnx_nodes[i][1]) for i in ids))
+
+
+def onnx_claims(n: Node, onnx_nodes: Mapping[int, tuple[str, str, str]] | None, versions: Graph | None = None,
+                live: Graph | None = None, beside: Mapping[int, Beside] | None = None) -> set[int]:
+    """The imported node ids (`onnx_nodes` keys) `n` claims in its version `live`: each imported node is claimed by
+    at most one live node of a version, the one that computes it (none once a pass removed it; an ONNX node the
+    importer split into several IR nodes, a Gather and its table, is named by each of them). `n`'s own id when
+    imported; else the absorbed ids followed back through the nodes earlier passes made (`versions`: every node of
+    the run, `viz.overlay.all_versions`; without it, one step back), except
+    * a node still live in `live` (absorbed by a match but kept for another reader): it claims its own;
+    * a node made beside a match's product with the product's list (`beside`: `passes.made.made_in_run`; the
+      reshape and transpose `rope_heads` makes after its rope, a mask cast before an attention): the rewriter gives
+      it the match's list, which is the product's. So esm's attention, which absorbed the transposes after its ropes,
+      claims its MatMuls and Softmax, not the rotation the ropes still compute; and such an `n` claims nothing (one
+      that re-makes part of the list, `qkv_columns`' new rope, claims that part);
+    * a node another live node of `live` absorbed nearer: itself, where `n` reached it through an earlier fusion, or
+      in a shorter list than `n`'s own (`fuse_shared_input_matmul`'s merged matmul holds the match's matmuls and
+      bias adds, its merged bias add the adds: the adds are the add's).
 
     Args:
         onnx_nodes: `Model.meta["onnx_nodes"]` (IR node id -> (op type, node name, doc string), from the importer).
+        live: the version `n` is shown in (None: no node of it is taken as live).
+        beside: node id -> what a node a match made beside its product is (`passes.made.made_in_run`).
     """
     if not onnx_nodes:
-        return []
+        return set()
     if n.id in onnx_nodes:
-        return [onnx_nodes[n.id][:2]]
+        return {n.id}
+    beside = beside or {}
+
+    def copy(i: int) -> bool:  # made beside a product, holding the product's list as it is (or, unknown, so taken)
+        b = beside.get(i)
+        return b is not None and (versions is None or i not in versions or b.product not in versions
+                                  or versions[i].absorbed == versions[b.product].absorbed)
+
+    if copy(n.id):
+        return set()
+    direct = _direct(live) if live is not None else {}
+
+    def nearer(i: int, depth: int) -> bool:
+        return any(m != n.id and not copy(m) and (depth > 1 or size < len(n.absorbed))
+                   for size, m in direct.get(i, ()))
+
     found: set[int] = set()
-    seen: set[int] = set()
-    todo = list(n.absorbed)
+    seen: set[int] = {n.id}
+    todo = [(i, 1) for i in n.absorbed]
     while todo:
-        i = todo.pop()
-        if i in seen:
+        i, depth = todo.pop()
+        if i in seen or (live is not None and i in live) or copy(i) or nearer(i, depth):
             continue
         seen.add(i)
         if i in onnx_nodes:
             found.add(i)
         elif versions is not None and i in versions:
-            todo += versions[i].absorbed
-    order = {i: k for k, i in enumerate(onnx_nodes)}
-    ids = sorted(found, key=lambda i: (_rank(onnx_nodes[i][0]), order[i]))
-    return list(dict.fromkeys((onnx_nodes[i][0], onnx_nodes[i][1]) for i in ids))
+            todo += [(j, depth + 1) for j in versions[i].absorbed]
+    return found
+
+
+_DIRECT: DigestCache[dict[int, list[tuple[int, int]]]] = DigestCache(limit=8)
+
+
+def _direct(g: Graph) -> dict[int, list[tuple[int, int]]]:
+    """Each id a node of `g` absorbed -> `(length of its list, its id)` of each such node; once per graph."""
+    def index() -> dict[int, list[tuple[int, int]]]:
+        out: dict[int, list[tuple[int, int]]] = {}
+        for m in g:
+            for i in m.absorbed:
+                out.setdefault(i, []).append((len(m.absorbed), m.id))
+        return out
+
+    return _DIRECT.get_or_compute(g, index)
 
 
 def onnx_markdown(rep: Mapping[str, Any]) -> str:
     """The inspector's line for a `node_report`'s `onnx` (`onnx_origin`), "" for none: `**ONNX node** ...` for an
     imported node; for a node a pass made, `**absorbed ONNX nodes** (38): node_linear (MatMul), domain ai.onnx;
-    ... and 32 more: 14 Slice, 6 Mul, 4 Reshape, 4 Transpose, 4 other` (`ONNX_NAMES_SHOWN` listed, compute ops first).
-    Each name, op type and domain is escaped (text from the model)."""
+    ... and 32 more: 14 Slice, 6 Mul, 4 Reshape, 4 Transpose, 4 other` (`ONNX_NAMES_SHOWN` listed, compute ops first);
+    for a node made beside a match's product (`onnx_product`: `rope %777`), `... none of its own; its match's are
+    named by rope %777`. Each name, op type and domain is escaped (text from the model)."""
     onnx = rep.get("onnx") or []
-    if not onnx:
-        return ""
+    if not onnx:  # made beside a product (`onnx_claims`): the match's ONNX nodes are the product's
+        return (f"**absorbed ONNX nodes**: none of its own; its match's are named by {md_escape(rep['onnx_product'])}"
+                if rep.get("onnx_product") else "")
     known = rep.get("onnx_domains") or {}  # the file's own word; else read off the importer's table
     named = [f"{md_code(name or '(unnamed)')} ({md_escape(op)}), "
              f"domain {md_code(known.get(name) or onnx_domain(op))}" for op, name in onnx[:ONNX_NAMES_SHOWN]]
@@ -87,8 +147,7 @@ def onnx_markdown(rep: Mapping[str, Any]) -> str:
     if rep.get("onnx_own"):
         what = "**ONNX node**"
     else:  # a node a pass made: the ONNX nodes its fusions took in, counted, so none reads as its whole source
-        what = (f"**absorbed ONNX nodes** ({len(onnx)}" + (", of the fusion that made it" if rep.get("made") else "")
-                + ", compute first):")
+        what = f"**absorbed ONNX nodes** ({len(onnx)}, compute first):"
     return f"{what} {'; '.join(named)}{more}"
 
 

@@ -39,7 +39,8 @@ class Beside:
 
 def made_beside(step: PassStep) -> dict[int, Beside]:
     """Every node `step` made that is not a match's product but was made for one: the product's operands the step
-    made (absorbing nothing or the product's own list), and the nodes of the product's own list that read its result.
+    made (absorbing nothing, the product's own list, or the part of it they re-make: `qkv_columns`' new ropes), and
+    the nodes of the product's own list that read its result.
     A node shared by several products is named by the first match (`Beside.more` counts the rest). Each product's
     walk stays within the nodes the step added for it."""
     after = step.after
@@ -51,8 +52,8 @@ def made_beside(step: PassStep) -> dict[int, Beside]:
     out: dict[int, Beside] = {}
     readers: dict[int, set[int]] = {}
 
-    def helper(n: Node, p: Node) -> bool:
-        return n.id in added and n.id not in products and n.absorbed in ((), p.absorbed)
+    def helper(n: Node, p: Node) -> bool:  # its list: none, the product's, or the part of it it re-makes
+        return n.id in added and n.id not in products and set(n.absorbed) <= set(p.absorbed)
 
     for pid, rule in products.items():
         p = after[pid]

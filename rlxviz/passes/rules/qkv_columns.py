@@ -153,7 +153,8 @@ def _rewrite(c: Ctx, rw: Rewriter) -> int:
     """The projection with its weight's (and bias's) columns of the attention's block in Q/K/V order (the others
     where they were), Q/K/V its narrows, the ropes and the attention on them; the old projection replaced (its other
     readers, narrows of other columns, read the new one), the chains and ropes removed (`columns` checked nothing
-    else reads them)."""
+    else reads them). The attention (`Match.fused`) records the match; the new projection and each new rope the
+    old node it re-makes, so each names its own ONNX nodes (`app.onnxorigin.onnx_claims`)."""
     g, attn = c.graph, c["attn"]
     found = columns(g, attn)
     assert found is not None, "bound by _find_columns"
@@ -168,14 +169,19 @@ def _rewrite(c: Ctx, rw: Rewriter) -> int:
             ins[1] = rw.transpose(rw.gather(rw.transpose(ins[1], (1, 0)), idx), (1, 0))
             if root.op == Op.FUSED_MATMUL_BIAS_ACT and g[ins[2]].shape == (full.size,):
                 ins[2] = rw.gather(ins[2], idx)
-        qkv = rw.emit(root.op, ins, **dict(root.attrs))
+        with rw.absorbing([root_id]):  # each node re-made replaces its old one (the attention: the whole match)
+            qkv = rw.emit(root.op, ins, **dict(root.attrs))
         new, at = [], lo
         for k, i in enumerate(attn.inputs[:3]):
             rope, _ = _operand(g, i, k < 2)
             width = g[i].shape[-1]
             x = rw.narrow(qkv, 2, at, width)
             at += width
-            new.append(x if rope is None else rw.emit(Op.ROPE, [x, *rope.inputs[1:]], **dict(rope.attrs)))
+            if rope is None:
+                new.append(x)
+                continue
+            with rw.absorbing([rope.id]):
+                new.append(rw.emit(Op.ROPE, [x, *rope.inputs[1:]], **dict(rope.attrs)))
         out = rw.emit(Op.ATTENTION, [*new, *attn.inputs[3:]], **dict(attn.attrs))
     rw.replace(attn.id, out)
     rw.replace(root_id, qkv)

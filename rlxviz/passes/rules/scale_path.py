@@ -152,7 +152,8 @@ def _bound_path(c: Ctx) -> list[Node]:
 
 def _hoist(c: Ctx, rw: Rewriter) -> None:
     """The path's scales applied first (in their order), its movement ops after them. No fused node stands for the
-    match (the moved path is plain ops), so its record has none."""
+    match (the moved path is plain ops), so its record has none; each op made absorbs the one of the path it re-makes
+    (a Q/K scale's ONNX node is named by the moved scale, not by the moved transpose too)."""
     g, path = c.graph, _bound_path(c)
     scales = [n for n in reversed(path) if _scale_operand(g, n) is not None]
     moves = [n for n in reversed(path) if _scale_operand(g, n) is None]
@@ -160,9 +161,11 @@ def _hoist(c: Ctx, rw: Rewriter) -> None:
         v = c.id("top")
         for s in scales:  # upstream first: each element is scaled in the original order
             x = _scale_operand(g, s)
-            v = rw.emit(s.op, [v if i == x else i for i in s.inputs])
+            with rw.absorbing([s.id]):  # each op moved re-makes one of the path's, not the whole path
+                v = rw.emit(s.op, [v if i == x else i for i in s.inputs])
         for m in moves:
-            v = rw.emit(m.op, [v], **dict(m.attrs))
+            with rw.absorbing([m.id]):
+                v = rw.emit(m.op, [v], **dict(m.attrs))
     rw.replace(path[0].id, v)
     rw.remove([n.id for n in path[1:]])
 
