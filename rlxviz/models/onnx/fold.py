@@ -194,14 +194,19 @@ _NUMPY_FOLDS: dict[str, Callable[[Any, list[np.ndarray | None], dict[str, Any]],
 
 def fold(node: Any, inputs: list[np.ndarray | None], opset: int) -> list[np.ndarray]:
     """Evaluate one standard node on constant inputs with ONNX's reference evaluator (call `check_fold` first).
-    Raises whatever the evaluator raises for an invalid node."""
+    Raises whatever the evaluator raises for an invalid node.
+
+    IEEE results are the node's values, not faults: `log(0) = -inf` in T5's relative-position buckets, clipped a few
+    nodes later (ONNX Runtime computes the same), so NumPy's floating-point warnings are silenced here; a user saw
+    them as `warning: divide by zero encountered in log` on a good file."""
     from onnx.reference import ReferenceEvaluator
 
-    if node.op_type in _NUMPY_FOLDS:
-        return _NUMPY_FOLDS[node.op_type](node, inputs, node_attrs(node))
-    feeds = {name: arr for name, arr in zip(node.input, inputs, strict=True) if name}
-    ev = ReferenceEvaluator(node, opsets={"": opset})
-    return [np.asarray(o) for o in ev.run(None, feeds)]
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore", under="ignore"):
+        if node.op_type in _NUMPY_FOLDS:
+            return _NUMPY_FOLDS[node.op_type](node, inputs, node_attrs(node))
+        feeds = {name: arr for name, arr in zip(node.input, inputs, strict=True) if name}
+        ev = ReferenceEvaluator(node, opsets={"": opset})
+        return [np.asarray(o) for o in ev.run(None, feeds)]
 
 
 def _shape_op(ctx: _Ctx, n: Any, x: list[Value], a: dict[str, Any]) -> np.ndarray:
