@@ -116,3 +116,21 @@ def test_post_norm_is_read_from_the_norms_whatever_the_kind(evidence, post):
     assert LayerArchitecture("cross_decoder", "a decoder layer", evidence=evidence).post_norm is post
     assert LayerArchitecture("post_ln", "a BERT layer").post_norm  # the BERT kind is post-norm by its kind
     assert not LayerArchitecture("pre_ln", "a GPT-2 layer", evidence=evidence).post_norm
+
+
+def test_bart_full_layers_view_chains_encoder_layer_0_to_1():
+    """The collapsed layers view drew encoder.layers.1 at the top right, far from encoder.layers.0: encoder.layers.0
+    also makes the cross-attention's mask, read by 3 boxes, so every edge out of it was drawn as a broadcast (dashed,
+    `constraint=false`), the hidden state's to encoder.layers.1 too. A broadcast is now told by value: the hidden
+    state's edge holds the chain, the mask's stay dashed."""
+    from rlxviz.viz.layers import layers_to_dot
+
+    t = _trace(BART)
+    g, ov, kw = picture(t, View(len(t.versions()) - 1, "layers", "after"))
+    dot = layers_to_dot(g, ov, verdicts=kw.get("verdicts"), placed=kw.get("placed"))
+    edges = {m[1]: m[2] for m in re.finditer(r"^\s*(\S+ -> \S+) \[(.*)\]$", dot, re.M)}
+    chain = edges["layer_encoder_0 -> layer_encoder_1"]
+    assert "constraint=false" not in chain and "dashed" not in chain and 'label="f32[1,16,64]"' in chain, chain
+    masks = [a for e, a in edges.items() if e.startswith("layer_encoder_0 -> layer_decoder_")]
+    assert len(masks) == 2 and all("constraint=false" in a and "dashed" in a for a in masks), masks
+    assert sum("(to 3 groups)" in a for a in masks) == 1, masks  # the broadcast value is labelled once
