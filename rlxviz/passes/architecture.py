@@ -41,7 +41,7 @@ from .rope_forms import interleaved_rope, rotate_half_rope
 from .rules.kv_cache import cached_length, kv_workload
 from .score_terms import ALIBI, PER_HEAD, RELATIVE_BIAS, additive_term
 from .trace import Rejection, Trace, layer_of
-from .why.kinds import LayerArchitecture
+from .why.kinds import POST_NORM, PRE_NORM, LayerArchitecture
 
 _ATTENTION = frozenset({Op.ATTENTION, Op.FUSED_ATTENTION_BLOCK, Op.FUSED_TRANSFORMER_LAYER})
 _NORMS = frozenset({Op.LAYER_NORM, Op.RMS_NORM, Op.FUSED_RESIDUAL_LN, Op.FUSED_RESIDUAL_RMS_NORM})
@@ -368,18 +368,18 @@ def _norm_order(g: Graph, n: Node) -> tuple[str, str] | None:
     norm is still the norm's residual sum."""
     if n.op in (Op.FUSED_RESIDUAL_LN, Op.FUSED_RESIDUAL_RMS_NORM):
         if n.attrs.get("with_sum", False):  # the sum is also returned: it has other readers
-            return "pre", f"{_label(n)}: a residual sum fused into its norm and returned too (pre-norm)"
-        return "post", f"{_label(n)}: a residual sum fused into its norm (post-norm)"
+            return "pre", f"{_label(n)}: a residual sum fused into its norm and returned too {PRE_NORM}"
+        return "post", f"{_label(n)}: a residual sum fused into its norm {POST_NORM}"
     s = g[origin(g, n.inputs[0])]
     read, output = readers(g, s.id)
     others = [u for u in read if u.id != n.id]
     via = "" if s.id == n.inputs[0] else f" (through {_label(g[n.inputs[0]])}: casts / quantization steps)"
     if s.op == Op.ADD and not others and not output:
-        return "post", f"residual sum {_label(s)} feeds only {_label(n)}{via} (post-norm)"
+        return "post", f"residual sum {_label(s)} feeds only {_label(n)}{via} {POST_NORM}"
     add = next((u for u in others if u.op == Op.ADD), None)
     if add is not None:
         return "pre", (f"{_label(n)} reads {_label(s)}{via}, which also feeds residual add {_label(add)} "
-                       f"(pre-norm)")
+                       f"{PRE_NORM}")
     return None
 
 

@@ -7,8 +7,10 @@ Its path, the common path of what it absorbed, then names no layer (`h.1` and `l
 graph optimizer named the nodes (ONNX Runtime's `SkipLayerNormalization` before DeiT's final norm reads
 `layers.1.mlp.fc2`). The rule places it by the layer kind, on the model's structure, not on names:
 
-* post-LN (the norm closes its layer: BERT's `h1 = LN(attn(x) + x)`): the layer of the residual sum it normalizes;
-  a sum in no layer (the embeddings' norm) is outside the layers;
+* post-norm (the norm closes its layer: BERT's `h1 = LN(attn(x) + x)`, and a post-norm layer of any other kind,
+  BART's and Marian's decoder layers: `LayerArchitecture.post_norm`): the layer of the residual sum it normalizes;
+  a sum in no layer (the embeddings' norm) is outside the layers. By its readers, a post-norm layer's last norm would
+  move to the next layer and the embeddings' norm into layer 0 (bart-full's decoder, before);
 * any other kind (pre-LN, parallel: the norm opens the sublayer that reads it): the layer of the norm's readers;
   none in a layer (the model's final norm, read by a pooler or the graph's output) is outside the layers.
 
@@ -35,7 +37,7 @@ from .trace import Layer, Match, Trace, layer_of
 RESIDUAL_NORMS = frozenset({Op.FUSED_RESIDUAL_LN, Op.FUSED_RESIDUAL_RMS_NORM})
 """The fused ops `match_layer` places by `RESIDUAL_NORM_RULE`: a residual sum and the norm that reads it."""
 
-RESIDUAL_NORM_RULE = ("a residual norm at a layer's edge is said by the layer whose norm it is: post-LN, the layer "
+RESIDUAL_NORM_RULE = ("a residual norm at a layer's edge is said by the layer whose norm it is: post-norm, the layer "
                       "whose residual sum it closes; otherwise the layer whose sublayer reads it; none (the model's "
                       "final norm, the embeddings' norm) is said outside the layers")
 """`match_layer`'s rule in words."""
@@ -64,7 +66,7 @@ def match_layer(source: Graph, before: Graph, after: Graph, m: Match) -> Layer |
     kind_of = closes if closes is not None else (opens[0] if opens else None)
     if kind_of is None:
         return None
-    if classify_layer(source, kind_of).post_ln:
+    if classify_layer(source, kind_of).post_norm:
         return closes
     return opens[0] if opens else None
 
@@ -120,7 +122,7 @@ def placed(trace: Trace) -> dict[int, Layer | str]:
             k = match_layer(trace.input, s.before, s.after, m)
             if k is None:
                 norms[m.fused] = FINAL_NORM_BOX if _reads_a_layer(s.after, m.fused) else EMBEDDINGS_BOX
-            elif k != layer_of(s.after[m.fused].path):  # bart-full's decoder norm %381, path `decoder`: layer 0
+            elif k != layer_of(s.after[m.fused].path):  # a norm whose path names no layer or another one
                 norms[m.fused] = k
     out = dict(norms)
     for f, place in norms.items():

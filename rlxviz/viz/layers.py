@@ -391,7 +391,8 @@ def layers_to_dot(graph: Graph, overlay: Overlay | None = None, title: str | Non
             _open_layer(d, g, attrs, drawer)
         else:
             d.node(g.key, box_label(g), **attrs)
-    edges: dict[tuple[str, str], int] = {}
+    edges: dict[tuple[str, str], list[int]] = {}  # (box, box) -> the values it carries, in graph order
+    reach: dict[int, set[str]] = {}  # a value -> the boxes that read it
     for n in graph:
         dst = of.get(n.id)
         for j in n.inputs:
@@ -401,17 +402,25 @@ def layers_to_dot(graph: Graph, overlay: Overlay | None = None, title: str | Non
             if drawer is not None and j in inside and n.id in inside:  # inside open layers: every edge, as drawn
                 d.edge(src, dst, **_inner_edge(drawer, j, n.id))
             else:
-                edges.setdefault((src, dst), j)
+                carried = edges.setdefault((src, dst), [])
+                if j not in carried:
+                    carried.append(j)
+                reach.setdefault(j, set()).add(dst)
     fanout = Counter(src for src, _ in edges)
-    labelled: set[str] = set()
-    for (src, dst), j in edges.items():
+    labelled: set[int] = set()  # the broadcast values whose first edge says how many boxes read them
+    for (src, dst), carried in edges.items():
+        # a box that feeds many boxes broadcasts a value (the mask): keep it out of the main chain, unless the edge
+        # carries a value only its box reads (bart-full's encoder.layers.0 makes the cross-attention's mask and the
+        # hidden state: its edge to encoder.layers.1 holds the chain)
+        j = next((j for j in carried if fanout[src] <= 2 or len(reach[j]) == 1), None)
         attrs = {"id": f"L{src}_{dst}"}
-        if fanout[src] > 2:  # a value broadcast to every layer (the mask): keep it out of the main chain
+        if j is None:
+            j = carried[0]
             attrs.update(style="dashed", color="#aaaaaa", constraint="false", arrowsize="0.4")
-        if fanout[src] <= 2 or src not in labelled:
-            attrs["label"] = graphviz.nohtml(fmt_shape(graph[j]) + (f" (to {fanout[src]} groups)"
-                                                                    if fanout[src] > 2 else ""))
-            labelled.add(src)
+        if "constraint" not in attrs or j not in labelled:
+            attrs["label"] = graphviz.nohtml(fmt_shape(graph[j]) + (f" (to {len(reach[j])} groups)"
+                                                                    if "constraint" in attrs else ""))
+            labelled.add(j)
         d.edge(src, dst, **attrs)
     with d.subgraph() as s:
         s.attr(rank="sink")

@@ -8,6 +8,10 @@ from dataclasses import dataclass, field
 
 from . import policy
 
+POST_NORM, PRE_NORM = "(post-norm)", "(pre-norm)"
+"""The marks `architecture._norm_order`'s evidence ends with: a norm that closes its residual sum (it reads a sum
+that feeds nothing else), one on the residual stream (the value it reads also feeds a residual add)."""
+
 
 @dataclass(frozen=True)
 class LayerArchitecture:
@@ -61,6 +65,15 @@ class LayerArchitecture:
         return self.kind in ("pre_ln", "llama", "parallel") or (
             self.kind in ("attention_only", "cross_decoder") and any("pre-norm" in e for e in self.evidence))
 
+    @property
+    def post_norm(self) -> bool:
+        """Every residual norm whose order was read closes its residual sum (`norm(x + sublayer(x))`), whatever the
+        kind: a post-LN BERT layer, BART's and Marian's decoder layers (`cross_decoder`, read as post-norm), not
+        T5's (pre-norm). Where such a layer's residual norm sits (`placement.match_layer`): in the layer whose sum it
+        closes, not the next layer, which reads it."""
+        return self.post_ln or (not self.pre_norm and any(e.endswith(POST_NORM) for e in self.evidence)
+                                and not any(e.endswith(PRE_NORM) for e in self.evidence))
+
     def has(self, trait: str) -> bool:
         """Whether the layer has `trait` (`passes.declarations.TRAITS`): its kind (`post_ln`, `llama`, ...),
         `pre_norm`, `kv_cache`, `keep_mask` (its attention's mask is a keep mask), `no_mask` (its fused attention has
@@ -89,4 +102,4 @@ class LayerArchitecture:
         return policy.expected_products(self)
 
 
-__all__ = ["LayerArchitecture"]
+__all__ = ["POST_NORM", "PRE_NORM", "LayerArchitecture"]
