@@ -129,7 +129,9 @@ class Measurements:
                                        f"{sets.sets[0].name}: {sets.sets[0].what} (the CLI's first is random inputs "
                                        "unless --inputs names a file)"),
                 timings=s._timing_rows(run.rows, s._visible(trace), also, kernels), timing_split=run.split,
-                timing_origin=origin, timing_when=when))
+                # in the same update as the new figures: cleared by a later call, the new run's verdict read
+                # "Previous run:" under the under-way banner until then (about a second in the browser)
+                timing_origin=origin, timing_when=when, timing_running=False))
         except Exception as e:  # noqa: BLE001
             text = f"Timing failed: {type(e).__name__}: {e}\n{timing_hint(e)}"
             page(lambda: s._error(text))

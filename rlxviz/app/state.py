@@ -28,6 +28,7 @@ import param
 from .. import session
 from ..models import VARIANTS, BertConfig, Model
 from ..passes import Trace, layer_of
+from ..passes.trace import own_key
 from ..runtime.devices import available_devices
 from ..session.overlays import KINDS
 from .derived import FULL_VIEW_LAYERS, FULL_VIEW_LIMIT, Derived
@@ -47,6 +48,18 @@ a built-in after another (the list names it) and an edit of the IR text are not.
 
 OVERLAYS = ("none", *KINDS)
 """The overlay selector's choices: op colours, or a per-node figure (`session.overlays.KINDS`)."""
+
+
+class LayerKey(param.Integer):
+    """A layer of the shown model, held as that model's own key whatever it is set to (`passes.trace.own_key`: a
+    plain int from a click on a layer box, a table row's unqualified key). A plain int N equals every stack's layer N,
+    so param saw no change from it to the decoder's layer 0 and sent no event: the Why tab kept `Layer 0` with the
+    encoder's text under a menu reading `decoder layer 0` (bart-full, after a layer click on GPT-J)."""
+
+    def __set__(self, obj: Any, val: Any) -> None:
+        if obj is not None and isinstance(obj, Derived):
+            val = own_key(obj.layers(), val)
+        super().__set__(obj, val)
 
 
 class AppState(Derived, PipelineEdits, param.Parameterized):
@@ -89,7 +102,7 @@ class AppState(Derived, PipelineEdits, param.Parameterized):
     selected_node = param.Integer(None, allow_None=True, doc="Node id clicked in the graph.")
     selected_before = param.Boolean(False, doc="The node was clicked in the before pane: the inspector describes it "
                                                "as the version before the step has it.")
-    selected_layer = param.Integer(None, allow_None=True, doc="Layer asked about in 'why didn't it fuse'.")
+    selected_layer = LayerKey(None, allow_None=True, doc="Layer asked about in 'why didn't it fuse'.")
     expanded_layers = param.List(default=[], item_type=int,
                                  doc="Layers drawn open in place in the collapsed view (the others stay boxes).")
     highlight = param.List(default=[], item_type=int, doc="Node ids highlighted (a table row's match/rejection).")
@@ -417,6 +430,14 @@ class AppState(Derived, PipelineEdits, param.Parameterized):
         input graph drawn before the passes: the run follows)."""
         if not self.input_first:
             self.measure_overlay()
+
+    @param.depends("trace", watch=True)
+    def _own_layer_key(self) -> None:
+        """A new run: the selected layer becomes its model's own key (`LayerKey`), without an event, before any view
+        draws (a dependency's watcher runs before the views'): the last model's key compared equal to the new one's
+        layer of its index, in either stack."""
+        with param.parameterized.discard_events(self):
+            self.selected_layer = self.selected_layer
 
     @param.depends("model", watch=True)
     def _drop_user_inputs(self) -> None:

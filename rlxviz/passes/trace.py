@@ -157,6 +157,24 @@ def same_stack_as(a: Layer | int, b: Layer | int) -> bool:
     return not isinstance(a, Layer) or not isinstance(b, Layer) or a.stack == b.stack
 
 
+def own_key(have: Sequence[Layer | int], layer: Layer | int | None) -> Layer | int | None:
+    """`layer` as the very key of `have` (a model's `layer_keys`) it stands for: the key of its index and stack, else
+    (a plain int, as a click on a layer box sends, or another model's key) the first of its index, the one a picker
+    listing `have` shows for it; `layer` itself when no key of `have` has its index (for the caller's "not in the
+    model" answer) or `have` is empty.
+
+    A plain int N equals every stack's layer N, and `qualified` is no part of equality: a key held past a click or a
+    model switch compared equal to the key meant, so setting that key changed nothing (no event), and the Why tab kept
+    `Layer 0` (the encoder's text) under a menu reading `decoder layer 0` (bart-full after a layer click on GPT-J)."""
+    if layer is None or not have:
+        return layer
+    if isinstance(layer, Layer):
+        mine = next((k for k in have if isinstance(k, Layer) and k == layer), None)
+        if mine is not None:
+            return mine
+    return next((k for k in have if int(k) == int(layer)), layer)
+
+
 def resolve_layers(have: Sequence[Layer | int], wanted: Iterable[Layer | int]) -> list[Layer | int]:
     """`wanted` as keys of `have` (a model's `layer_keys`): a `Layer` stays itself (qualified as in `have`); a
     plain int N becomes every stack's layer N (in an encoder-decoder model, `--layer 0` is the encoder's and the
