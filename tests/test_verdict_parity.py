@@ -53,8 +53,9 @@ activation out was a miss only in `--json`)."""
 _HEAD = re.compile(r"^(\S.*?): (fused|NOT fused|held back by [^:]+)")
 _COUNT = re.compile(r"\((\S+) pipeline\): (\d+)/(\d+) layer\(s\) fused as expected(?:; (.+))?$")
 _GAPS = re.compile(r"^(\d+) [^(]+?(?:, (\d+) [^(]+)? \(rlxviz lacks (.+): a compiler fix(?:, nothing in the model to "
-                   r"change|(?:; alone it is not enough in \d+ of them: .+? fails next)?(?:; a workaround in the model "
-                   r"in \d+ of them \((?:(?:\d+ of them )?equal only up to rounding; )?their gap lines name "
+                   r"change|(?:; (?:alone it is|the fix for .+? alone is) not enough in \d+ of them: .+? fails "
+                   r"next)?(?:; a workaround in the model in \d+ of them \((?:(?:\d+ of them )?equal only up to "
+                   r"rounding; )?their gap lines name "
                    r"it\))?)\)$")
 """The headline's count of the layers held back only by rlxviz's ops (`text.gap_words`): one or two counts, the
 forms."""
