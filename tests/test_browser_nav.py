@@ -7,6 +7,7 @@ test-artifacts/nav-*.png.
 """
 
 import re
+from pathlib import Path
 
 import pytest
 from playwright.sync_api import expect
@@ -23,6 +24,8 @@ from served import (
 )
 
 expect.set_options(timeout=WAIT_MS)
+
+BART = Path(__file__).parent / "fixtures" / "onnx" / "zoo" / "bart.encdec.onnx"
 
 
 server = server_fixture("server-nav.log")
@@ -51,6 +54,7 @@ def test_navigation_flow(page):
     _minimap_and_layer_expand_in_place(page)
     _search_opens_a_folded_layer(page)
     _culprit_drawn_for_dead_h1_user(page)
+    _encdec_layer_box_opens_itself(page)
 
 
 def _minimap_and_layer_expand_in_place(pg):
@@ -170,3 +174,29 @@ def _culprit_drawn_for_dead_h1_user(pg):
     choose_version(pg, "after fuse_transformer_layer")
     expect(pg.locator(".rv-before .rv-title")).to_have_text("before fuse_transformer_layer")
     expect(pg.locator(".rv-before g.node.offending")).to_contain_text("reduce_mean")
+
+
+def _encdec_layer_box_opens_itself(pg):
+    """bart's boxes are `layer_encoder_0` ... `layer_decoder_1`: a click on one opened nothing (the pane took only
+    `layer<i>` ids and sent `parseInt(id.slice(5))`, NaN). A click on decoder layer 0 opens that box, encoder layer 0
+    stays a box, and the layer clicked is the one focus shows."""
+    open_sidebar(pg)
+    pg.get_by_role("button", name="Upload").click()
+    pg.locator(".rv-upload input[type=file]").set_input_files(str(BART))
+    expect(pg.locator(".rv-version select")).to_contain_text("fuse_transformer_layer", timeout=3 * WAIT_MS)
+    expect(pg.locator(".rv-progress-text")).to_be_hidden(timeout=3 * WAIT_MS)
+    open_tab(pg, "Graph")
+    pg.locator(".rv-view select").select_option("collapsed")
+    dec0 = pg.locator(".rv-after g#layer_decoder_0.node")
+    dec0.wait_for()
+    expect(pg.locator(".rv-after g.cluster")).to_have_count(0)
+    dec0.click()
+    pg.locator(".rv-after g#layer_decoder_0.cluster").wait_for()
+    expect(pg.locator(".rv-after g.cluster")).to_have_count(1)
+    expect(pg.locator(".rv-after g#layer_encoder_0.node")).to_have_count(1)
+    pg.screenshot(path=str(ART / "nav-encdec-open.png"))
+    pg.locator(".rv-after g#layer_decoder_0.cluster text").first.click()  # its frame folds it back
+    dec0.wait_for()
+    expect(pg.locator(".rv-after g.cluster")).to_have_count(0)
+    pg.locator(".rv-view select").select_option("focus")
+    expect(pg.locator(".rv-focus-layer select option:checked")).to_have_text("decoder layer 0")

@@ -124,7 +124,7 @@ export function render({ model, el }) {
       if (by) { key = by[0]; g = inner.querySelector(`g#${key}`); } }
     if (!g) { const n = Number(key.slice(1));
       const box = Object.entries(model.folded || {}).find(([, ns]) => ns.some((x) => x[0] === n));
-      if (box) g = inner.querySelector(`g#${box[0]}`); }
+      if (box) g = inner.querySelector(`g#${CSS.escape(box[0])}`); }
     return g ? { key, g } : null; };
   // The partner centred node `d.node`: this pane centres what stands for it here (a softmax found before fuse_sdpa:
   // the attention that absorbed it, which this pane's search counter then shows when it is one of its hits), else
@@ -253,9 +253,13 @@ export function render({ model, el }) {
   const ownFolded = (q) => (n) => n[1].split('\nabsorbed ops: ')[0].includes(q);
   const matches = (q) => { const id = /^%(\d+)$/.exec(q);  // %37: that node only, not %370 nor its users
     return id ? (g) => g.id === `n${id[1]}` : (g) => own(g).includes(q); };
+  // A layer's box (or its cluster, drawn open): `layer3`, or `layer_decoder_0` in an encoder-decoder model (the stack
+  // may hold `.` and `_`); its id goes to Python whole (`viz.box_layer`): the index alone could not tell encoder
+  // layer 0 from decoder layer 0, and `layer_decoder_0` gave NaN, so the click opened nothing.
+  const isBox = (id) => /^layer(\d+|_.+_\d+)$/.test(id);
   // `ids`: the hits inside the box, centred once the layer is drawn open (the layer's top was centred, the node
   // often below the pane)
-  const open = (g, ids) => { reveal = g.id; revealIds = ids || []; model.layer_clicked = parseInt(g.id.slice(5));
+  const open = (g, ids) => { reveal = g.id; revealIds = ids || []; model.layer_clicked = g.id;  // viz.box_layer reads it
     model.layer_clicks = (model.layer_clicks || 0) + 1; };
   const collect = (q) => { const all = [...inner.querySelectorAll('g.node')], exact = [], deep = [];
     const test = folded(q), mine = ownFolded(q), isId = /^%\d+$/.test(q), match = matches(q);
@@ -288,7 +292,7 @@ export function render({ model, el }) {
     found.classList.add('rv-hits');  // the mark's swatch before the count: the search's legend
     if (step && !fresh) hit = (hit + 1) % hits.length;
     const h = hits[hit]; last = h.key; found.dataset.hit = h.key; counted();  // data-hit: the node shown
-    if (step && h.g.id !== h.key && /^layer\d+$/.test(h.g.id) && h.id !== null) { center(h.g, true); open(h.g, [h.id]); }
+    if (step && h.g.id !== h.key && isBox(h.g.id) && h.id !== null) { center(h.g, true); open(h.g, [h.id]); }
     else center(h.g, true); };
   search.addEventListener('input', () => find(false));
   search.addEventListener('keydown', (e) => { e.stopPropagation(); if (e.key === 'Enter') find(true); });
@@ -304,7 +308,7 @@ export function render({ model, el }) {
     const keep = same && touched && shows();  // a kept view that shows none of the picture is no view: fitted
     if (!keep) fit(); else apply(false);
     mark(!keep); hits = []; if (search.value) find(false); title.textContent = model.title || '';
-    if (reveal) { const g = inner.querySelector(`g#${reveal}`); const ids = revealIds; reveal = null; revealIds = [];
+    if (reveal) { const g = inner.querySelector(`g#${CSS.escape(reveal)}`); const ids = revealIds; reveal = null; revealIds = [];
       const node = ids.map((i) => inner.querySelector(`g#n${i}`)).find((x) => x);
       if (node) center(node, true);  // the search resumed at this hit (`last`)
       else if (g) center(g, true, g.classList.contains('cluster')); } };
@@ -320,7 +324,7 @@ export function render({ model, el }) {
   wrap.addEventListener('click', (e) => { if (dragged) { dragged = false; return; }
     const g = e.target.closest('g.node') || e.target.closest('g.cluster'); if (!g) return;
     if (/^n\d+$/.test(g.id)) { model.clicked = parseInt(g.id.slice(1)); model.clicks = (model.clicks || 0) + 1; }
-    else if (/^layer\d+$/.test(g.id)) open(g); });
+    else if (isBox(g.id)) open(g); });
   // a new scope fits the picture whichever comes first: a patch that sets svg and scope together hands them over one
   // at a time, svg first, so `setSvg` saw the old scope and kept the last model's zoom (an empty view)
   const rescope = () => { if (model.scope === scope) return; staleMarks = scope !== null; scope = model.scope;

@@ -2,7 +2,8 @@
 
 The renderer gives every node a DOT id `n<id>` that survives into the SVG (`<g id="n12" class="node">`),
 so a click maps back to the IR node id, and highlighting is a CSS class on those groups; the layer view's
-boxes (and the clusters of layers expanded in place) are `layer<i>`, so a click on one reports the layer, and
+boxes (and the clusters of layers expanded in place) are `layer<i>` (`layer_<stack>_<i>` in an encoder-decoder
+model), so a click on one reports the box's layer, and
 the next picture is centred on that layer. Pan with the mouse (drag), zoom with the wheel or
 the +/- buttons, "fit" to see the whole graph, "full" to lay the drawing over the whole window (its
 button, then "✕ close (Esc)", or Esc closes it; the page's header is hidden meanwhile). A folded "op colours" legend
@@ -91,7 +92,9 @@ class SvgGraph(JSComponent):
         related: node ids drawn with a dotted blue border: the selected node of the other pane, as this pane shows
             it (what it became, or what it was made from; `explain.counterparts`).
         clicked: set by the browser when a node is clicked (`clicks` counts clicks, so the same node twice fires).
-        layer_clicked: set when a box of the layer view is clicked (`layer_clicks` counts those clicks).
+        layer_clicked: the DOT id of the box of the layer view last clicked, `layer3` or `layer_decoder_0`
+            (`viz.box_layer` reads the layer back; the index alone was NaN for `layer_decoder_0` and the box never
+            opened); `layer_clicks` counts those clicks.
         scope: what the picture belongs to (the model shown and the view: `ZoomScope`); a new SVG in the same
             scope keeps the user's zoom and pan, a new scope (or none, "") fits the picture.
         sync: panes with the same non-empty group share zoom and pan.
@@ -109,7 +112,7 @@ class SvgGraph(JSComponent):
     related = param.List(default=[], item_type=int)
     clicked = param.Integer(None, allow_None=True)
     clicks = param.Integer(0)
-    layer_clicked = param.Integer(None, allow_None=True)
+    layer_clicked = param.String(None, allow_None=True)
     layer_clicks = param.Integer(0)
     follow = param.Boolean(True)
     scope = param.String("")

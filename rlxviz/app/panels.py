@@ -18,6 +18,7 @@ from ..passes.why.places import PLACE_UNIT
 from ..passes.why.text import gap_asks, left_out_heading
 from ..passes.why.verdict import OP_GAP_GROUP
 from ..session.overlays import UNITS
+from ..viz import box_layer
 from .explain import counterpart_line, counterparts, node_report, report_markdown
 from .graphpane import SvgGraph, ZoomScope, absorbed_index, folded_index, ops_legend_html
 from .irdiff import diff_table, side_by_side
@@ -327,7 +328,7 @@ class GraphCompare(Viewer):
         for g in (self.before, self.after):
             g.param.watch(lambda e: s.param.update(selected_before=e.obj is self.before, selected_node=e.obj.clicked),
                           "clicks")
-            g.param.watch(lambda e: s.toggle_layer(e.obj.layer_clicked), "layer_clicks")  # expand / fold in place
+            g.param.watch(self._layer_clicked, "layer_clicks")  # expand / fold in place
         self.note = pn.pane.Markdown("", css_classes=["rv-graph-note"], margin=(0, 10))
         # the overlay's legend over the panes, only while an overlay is chosen (its choice: `VersionStepper.overlay`)
         self.legend = pn.pane.HTML("", css_classes=["rv-legend"], margin=(0, 10), sizing_mode="stretch_width",
@@ -386,6 +387,13 @@ class GraphCompare(Viewer):
         self.legend.visible = bool(self.legend.object) or s.overlay != "none"
         # the op colours' legend, folded in the after pane's corner while the fills are op colours (no overlay)
         self.after.legend = ops_legend_html() if s.overlay == "none" else ""
+
+    def _layer_clicked(self, event: param.parameterized.Event) -> None:
+        """A click on a box (or an open layer's cluster) of the layers view: the layer of the box's id
+        (`viz.box_layer`: `layer_decoder_0` is the decoder's layer 0) opens or folds in place."""
+        layer = box_layer(event.obj.layer_clicked)
+        if layer is not None:
+            self.state.toggle_layer(layer)
 
     def _folded(self, graph: Graph | None) -> dict[str, list[list[int | str]]]:
         return folded_index(graph, list(self.state.expanded_layers), self.state.trace) if graph is not None else {}

@@ -28,7 +28,7 @@ import param
 from .. import session
 from ..models import VARIANTS, BertConfig, Model
 from ..passes import Trace, layer_of
-from ..passes.trace import own_key
+from ..passes.trace import Layer, own_key
 from ..runtime.devices import available_devices
 from ..session.overlays import KINDS
 from .derived import FULL_VIEW_LAYERS, FULL_VIEW_LIMIT, Derived
@@ -59,6 +59,18 @@ class LayerKey(param.Integer):
     def __set__(self, obj: Any, val: Any) -> None:
         if obj is not None and isinstance(obj, Derived):
             val = own_key(obj.layers(), val)
+        super().__set__(obj, val)
+
+
+class LayerKeys(param.List):
+    """Layers of the shown model, each held as that model's own key (`LayerKey`, `passes.trace.own_key`): the layers
+    drawn open in place. Plain indices (a click on a layer box sent one, NaN for `layer_decoder_0`) could not tell
+    encoder layer 0 from decoder layer 0: the box clicked on an encoder-decoder model never opened."""
+
+    def __set__(self, obj: Any, val: Any) -> None:
+        if obj is not None and isinstance(obj, Derived) and val:
+            have = obj.layers()
+            val = list(dict.fromkeys(own_key(have, k) for k in val))
         super().__set__(obj, val)
 
 
@@ -103,8 +115,8 @@ class AppState(Derived, PipelineEdits, param.Parameterized):
     selected_before = param.Boolean(False, doc="The node was clicked in the before pane: the inspector describes it "
                                                "as the version before the step has it.")
     selected_layer = LayerKey(None, allow_None=True, doc="Layer asked about in 'why didn't it fuse'.")
-    expanded_layers = param.List(default=[], item_type=int,
-                                 doc="Layers drawn open in place in the collapsed view (the others stay boxes).")
+    expanded_layers = LayerKeys(default=[], item_type=int,
+                                doc="Layers drawn open in place in the collapsed view (the others stay boxes).")
     highlight = param.List(default=[], item_type=int, doc="Node ids highlighted (a table row's match/rejection).")
     overlay = param.Selector(objects=list(OVERLAYS), default="none",
                              doc="Node colours of the shown version: none (op colours), each node's share of the "
@@ -395,9 +407,13 @@ class AppState(Derived, PipelineEdits, param.Parameterized):
 
     # ============================================================ rendering
 
-    def toggle_layer(self, layer: int) -> None:
+    def toggle_layer(self, layer: Layer | int) -> None:
         """A click on layer `layer` in the collapsed view: expand it in place, or fold it back when it is open;
-        it also becomes the selected layer (the one "focus" and "why didn't layer N fuse?" show)."""
+        it also becomes the selected layer (the one "focus" and "why didn't layer N fuse?" show). `layer` is the
+        model's key (`viz.box_layer` of the box's id: `Layer(0, "decoder")` for `layer_decoder_0`) or a plain index
+        (the first stack's layer of that index, `own_key`): only that box opens or folds, never the other stack's
+        layer of its index."""
+        layer = own_key(self.layers(), layer)
         open_ = [i for i in self.expanded_layers if i != layer]
         if layer not in self.expanded_layers:
             open_.append(layer)
@@ -433,11 +449,12 @@ class AppState(Derived, PipelineEdits, param.Parameterized):
 
     @param.depends("trace", watch=True)
     def _own_layer_key(self) -> None:
-        """A new run: the selected layer becomes its model's own key (`LayerKey`), without an event, before any view
-        draws (a dependency's watcher runs before the views'): the last model's key compared equal to the new one's
-        layer of its index, in either stack."""
+        """A new run: the selected layer and the layers drawn open become its model's own keys (`LayerKey`,
+        `LayerKeys`), without an event, before any view draws (a dependency's watcher runs before the views'): the
+        last model's key compared equal to the new one's layer of its index, in either stack."""
         with param.parameterized.discard_events(self):
             self.selected_layer = self.selected_layer
+            self.expanded_layers = list(self.expanded_layers)
 
     @param.depends("model", watch=True)
     def _drop_user_inputs(self) -> None:

@@ -17,6 +17,7 @@ model reads as one layer and its exceptions.
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
@@ -153,8 +154,23 @@ class LayerGroup:
 
 
 def _layer_key(layer: Layer, stacked: bool) -> str:
-    """The DOT id of `layer`'s box (`layer3`; `layer_decoder_0` when `stacked`)."""
+    """The DOT id of `layer`'s box (`layer3`; `layer_decoder_0` when `stacked`); `box_layer` reads it back."""
     return f"layer_{layer.stack}_{layer}" if stacked and layer.stack else f"layer{layer}"
+
+
+_BOX = re.compile(r"layer(\d+)|layer_(.+)_(\d+)")
+"""A layer box's DOT id (`_layer_key`): `layer3`, or `layer_<stack>_<index>` (the stack may hold `_` and `.`)."""
+
+
+def box_layer(key: str | None) -> Layer | int | None:
+    """The layer whose box (or cluster, drawn open) has DOT id `key`, as the layers view's click sends it: `layer3`
+    -> 3 (a plain int, every stack's layer 3, as before: the caller's `passes.trace.own_key` finds the model's key),
+    `layer_decoder_0` -> `Layer(0, "decoder")`; None for any other id (`g_embeddings`, `n12`, None). The index alone
+    (what a click sent) was 0 for encoder and decoder layer 0 alike, and NaN for `layer_decoder_0`."""
+    m = _BOX.fullmatch(key or "")
+    if m is None:
+        return None
+    return int(m.group(1)) if m.group(1) is not None else Layer(int(m.group(3)), m.group(2))
 
 
 def _group_key(n: Node, stacked: bool = False) -> tuple[str, str, int | None]:
