@@ -67,7 +67,10 @@ def scale_origin(steps: Sequence[Any], r: Rejection) -> str:
             earlier = (f"; the scores are scaled earlier on the operands' path: {found}, where fuse_sdpa cannot fold "
                        f"it (a rotation or another op sits between): {verdict}")
         if not parts:
-            return earlier or "; the scores are not scaled (scale 1.0): scale them by 1/sqrt(head_dim)"
+            # the model's own choice (T5 folds the scale into its weights): scaling the scores would change every
+            # output, so the message says what the block lacks, never a change to the model (newcomer run 20)
+            return earlier or ("; the scores are not scaled (scale 1.0), the model's own choice (e.g. T5 folds it "
+                               "into its weights); the block has no scale attribute to keep 1.0")
         out = f"; fuse_sdpa folded it from {', '.join(parts)}"
         if len(parts) > 1:
             out += f": product {product:.6g}"
