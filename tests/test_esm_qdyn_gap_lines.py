@@ -22,7 +22,8 @@ from rlxviz.passes.why.verdict import RunVerdict
 
 QDYN = Path(__file__).parent / "fixtures" / "onnx" / "cases" / "esm.qdyn.onnx"
 TAG = "△ 2 gaps in rlxviz's ops: its integer-matmul Q/K/V projections (integer_qkv), default_scale"
-CHECKED = "the default_scale fix alone is not enough: qkv_packed (not recognized) fails next"
+CHECKED = ("the default_scale fix alone is not enough: qkv_packed (a gap in rlxviz's ops: FusedAttentionBlock over "
+           "integer-matmul Q/K/V projections (dynamic quantization)) fails next")
 
 
 def test_the_rule_line_and_the_gap_line_say_both_gaps_and_whose_fix_was_checked(capsys):

@@ -36,6 +36,10 @@ from rlxviz.passes.why.verdict import RunVerdict
 
 ZOO = Path(__file__).parent / "fixtures" / "onnx" / "zoo"
 PATTERNS = "fused as far as rlxviz's ops and patterns go"
+QDYN_BLOCKER = ("qkv_packed (a gap in rlxviz's ops: FusedAttentionBlock over integer-matmul Q/K/V projections "
+                "(dynamic quantization))")
+GPTJ_BLOCKER = "rope_halves (a gap in rlxviz's ops: FusedAttentionBlock with interleaved RoPE)"
+"""What fails next named as the gap it is (`caveat.GAP_BLOCKER`)."""
 
 
 def test_gap_status_words():
@@ -122,16 +126,16 @@ def test_esm_qdyn_gap_carries_the_blocker_the_v_check_finds(capsys):
         assert lv.gap_only and not lv.pattern_blocked and lv.status == FUSED_AS_FAR_AS_OPS, lv.gaps
         own = [g for g in lv.gaps if g.by == "default_scale"]
         trait = [g for g in lv.gaps if g.by.endswith("(integer_qkv)")]  # `declarations.trait_named`
-        assert own and own[0].blocker == f"qkv_packed ({NOT_RECOGNIZED})" and not own[0].blocker_own
+        assert own and own[0].blocker == QDYN_BLOCKER and not own[0].blocker_own
         assert trait and not trait[0].blocker
-    assert "alone is not enough in 2 of them: qkv_packed (not recognized) fails next" in run.headline
+    assert f"alone is not enough in 2 of them: {QDYN_BLOCKER} fails next" in run.headline
     assert "nothing in the model to change" not in run.headline
     code, out, err = cli_run(capsys, "explain", ESM_QDYN, "--seq", "8", "-v")
     assert code == 0, err
     assert "then qkv_packed (not recognized) fails" in out
     assert f"layer 0: {FUSED_AS_FAR_AS_OPS}: " in out
     # the gap line joins both gaps' fixes: its caveat says whose was checked (`caveat.CAVEAT_OF`)
-    assert "the default_scale fix alone is not enough: qkv_packed (not recognized) fails next" in out
+    assert f"the default_scale fix alone is not enough: {QDYN_BLOCKER} fails next" in out
     code, got, err = cli_run(capsys, "explain", ESM_QDYN, "--seq", "8", "--json")
     data = json.loads(got)
     assert [lv["status"] for lv in data["layers"]] == [FUSED_AS_FAR_AS_OPS, FUSED_AS_FAR_AS_OPS]
@@ -147,8 +151,8 @@ def test_a_blocker_that_is_a_gap_itself_is_no_pattern_miss():
     for lv in run.layers:
         assert lv.gap_only and not lv.pattern_blocked and lv.status == FUSED_AS_FAR_AS_OPS, lv.gaps
         rotary = [g for g in lv.gaps if g.by == "rope_full_rotary"]
-        assert rotary and rotary[0].blocker == f"rope_halves ({NOT_RECOGNIZED})" and not rotary[0].blocker_own
-    assert "alone is not enough in 2 of them: rope_halves (not recognized) fails next" in run.headline
+        assert rotary and rotary[0].blocker == GPTJ_BLOCKER and not rotary[0].blocker_own
+    assert f"alone is not enough in 2 of them: {GPTJ_BLOCKER} fails next" in run.headline
     assert PATTERNS not in run.headline
 
 
@@ -161,4 +165,4 @@ def test_esm_qdyn_why_title_carries_the_caveat():
     trace = Pipeline.canonical().run(load_onnx(ESM_QDYN, seq=8).graph)
     title = html.unescape(dot(trace, View(len(trace.steps), "full", "why", 0)))
     assert title.startswith(f"{FUSED_AS_FAR_AS_OPS}: ") or f"{FUSED_AS_FAR_AS_OPS}: △" in title, title
-    assert "alone it is not enough: qkv_packed (not recognized) fails next" in title, title
+    assert f"alone it is not enough: {QDYN_BLOCKER} fails next" in title, title

@@ -84,7 +84,8 @@ def test_esms_place_names_its_two_gaps_and_the_caption_counts_one_place():
     title = html.unescape(dot(t, View(len(t.steps), "full", "why", 0)))
     # a trait is said as what it is in the model (`declarations.trait_named`), never `the layer's trait integer_qkv`
     assert ("@ %795: default_scale (2 gaps in rlxviz's ops: its integer-matmul Q/K/V projections (integer_qkv), "
-            "default_scale); alone it is not enough: qkv_packed (not recognized) fails next; before "
+            "default_scale); alone it is not enough: qkv_packed (a gap in rlxviz's ops: FusedAttentionBlock over "
+            "integer-matmul Q/K/V projections (dynamic quantization)) fails next; before "
             "fuse_attention_block, in this layer: 0 match(es), 0 rejected places, △1 place at a gap in rlxviz's ops — "
             "layer 0") in title
 

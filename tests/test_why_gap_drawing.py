@@ -91,7 +91,8 @@ def test_esms_gap_place_names_both_gaps_on_its_cluster_its_box_and_the_why_title
     why = html.unescape(dot(t, View(_last(t), "full", "why", 0)))
     # the guard first, as the cluster label says it; then the caveat `explain -v`'s check finds (the scale fix alone)
     assert (f"△ fuse_attention_block.qkv_attention_out @ %795: default_scale ({both}); alone it is not enough: "
-            "qkv_packed (not recognized) fails next; before fuse_attention_block") in why
+            "qkv_packed (a gap in rlxviz's ops: FusedAttentionBlock over integer-matmul Q/K/V projections (dynamic "
+            "quantization)) fails next; before fuse_attention_block") in why
     assert len(layer_status(t, 0).op_gaps) == 2  # the two the headline and `explain` name
 
 

@@ -19,7 +19,6 @@ from ..trace import Trace, layer_of
 from .caveat import (
     caveat_words,
     fix_blocker,
-    fix_blocker_guard,
     fix_blocker_kind,
     fix_blocker_own,
     model_fix_note,
@@ -219,11 +218,8 @@ def excused_misses(trace: Trace, arch: Architecture, layer: int | None, own: boo
         n = sum(k[0] == pattern and k[1].split("#")[0] == guard for k in out)  # another why: `GUARD#2`
         rounded = bool(workaround) and model_fix_rounded(trace, m.pattern, m.node, m.guard)
         kind = fix_blocker_kind(trace, m.pattern, m.node, m.guard) if blocker else ""
-        # a blocker that is a gap in rlxviz's ops of the layer itself (gptj's interleaved RoPE `rope_halves` behind its
-        # partial rotary; esm.qdyn's `qkv_packed`, refused for its integer-matmul projections, a gap of the pass there)
-        # is no pattern miss: the layer is held back by rlxviz's ops alone
-        mine = (bool(blocker) and fix_blocker_own(trace, m.pattern, m.node, m.guard)
-                and not op_gaps(arch, m.pattern.split(".")[0], fix_blocker_guard(trace, m.pattern, m.node, m.guard)))
+        # a blocker that is a gap in rlxviz's ops of the layer itself is no pattern miss (`caveat.GAP_BLOCKER`)
+        mine = bool(blocker) and fix_blocker_own(trace, m.pattern, m.node, m.guard)
         out[pattern, f"{guard}#{n + 1}" if n else guard] = Excused(pattern, guard, m.reason, why, at, gaps, blocker,
                                                                    workaround, rounded, reasons.get(key, {}), kind,
                                                                    mine)
