@@ -52,3 +52,29 @@ def test_the_new_runs_figures_are_never_marked_as_the_previous_runs(numbered_wor
     for blas, machine, banner, _ in new:
         assert mark not in blas and mark not in machine and not banner, (blas, machine, banner)
     assert not s.timing_running and not view.previous.visible
+
+
+def test_the_stored_result_note_is_the_previous_runs_while_a_new_run_measures(numbered_worker):
+    """Newcomer run: a stored result shown, "↻ Time again" pressed: under the under-way banner the yellow "Stored
+    result, not a new measurement: … ↻ Time again measures anew." stayed at full strength over the faded figures, as
+    if it spoke of the run just asked for. While the new run measures it is faded and marked as the previous run's,
+    as the verdict is; the new run's figures come without it."""
+    from rlxviz.app.jobs import Runner
+    from rlxviz.app.state import AppState
+    from rlxviz.app.timingview import PREVIOUS_MARK, TimingView
+
+    s = AppState(runner=Runner(background=False), preset="bert-tiny", seq=8, repeat=21, warmup=0)
+    view = TimingView(state=s)
+    s.time_all()
+    s.time_all()  # the stored run, shown again with its note
+    assert "Stored result" in view.origin.object and view.origin.visible
+    assert view.origin.styles.get("opacity", "1") == "1"
+    seen: list[tuple[str, bool, str, bool]] = []
+    s.param.watch(lambda *e: seen.append((view.origin.object, view.origin.visible,
+                                          view.origin.styles.get("opacity", "1"), view.previous.visible)), WATCHED)
+    s.time_all(fresh=True)
+    under_way = [v for v in seen if v[3]]
+    assert under_way and all(v[1] and "Stored result" in v[0] for v in under_way), seen
+    for text, _, opacity, _ in under_way:
+        assert text.startswith(f"**{PREVIOUS_MARK.strip()}**") and opacity == "0.45", (text, opacity)
+    assert not view.previous.visible and not view.origin.visible and view.origin.styles.get("opacity", "1") == "1"

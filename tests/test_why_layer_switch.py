@@ -83,3 +83,38 @@ def test_a_one_stack_models_layer_becomes_the_encoder_decoders_own_key():
     label = s.selected_layer.label
     assert label != "layer 0" and why.text.object.startswith(f"### {label[:1].upper()}{label[1:]}\n"), label
     assert why.graph.caption.endswith(f" {label}"), why.graph.caption
+
+
+T5 = ROOT / "tests/fixtures/onnx/zoo/t5.encdec.onnx"
+BERT = ROOT / "tests/fixtures/onnx/zoo/bert.dynamo-eager.onnx"
+
+
+def _shown_label(root) -> str | None:
+    """The option label the browser's picker shows: its value looked up among its options (Panel sends `(value,
+    label)` pairs, or the labels alone when two values print alike); None when the value is no option (a blank box,
+    selectedIndex -1)."""
+    for o in root.options:
+        v, label = o if isinstance(o, tuple) else (o, o)
+        if v == root.value:
+            return label
+    return None
+
+
+def test_both_layer_pickers_show_the_layer_answered_for_after_a_model_switch():
+    """Newcomer run: encoder layer 0 picked on t5, then a one-stack model loaded: the Why picker showed an empty box
+    (options `choose`, `layer 0`, `layer 1`; value still `encoder layer 0`) over `Layer 0`. The new key equals the old
+    one (`Layer.__eq__` ignores `qualified`), so Panel saw no value change and never sent the new option's value."""
+    s = _state()
+    why, stepper = WhyView(state=s), VersionStepper(state=s)
+    roots = {"why": why.layer.get_root(), "focus": stepper.layer.get_root()}
+    s.view = "focus"  # the graph's focus view shows its own layer picker
+    for path in (T5, BERT):
+        s.load_upload({path.name: path.read_bytes()})
+        assert s.trace is not None and s.model.name == path.name.removesuffix(".onnx"), s.message
+        if path is T5:
+            why.layer.value = next(k for k in s.layers() if k.stack == "encoder" and int(k) == 0)
+            assert s.selected_layer.label == "encoder layer 0"
+        label = s.selected_layer.label
+        for where, root in roots.items():
+            assert _shown_label(root) == label, (path.name, where, root.options, root.value)
+        assert why.text.object.startswith(f"### {label[:1].upper()}{label[1:]}\n"), why.text.object[:80]

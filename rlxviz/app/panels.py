@@ -27,6 +27,7 @@ from .stale import StaleMark, safe
 from .state import AppState
 from .text import download_name, html_text, md_code, md_escape, select_width
 from .views import COLLAPSED, FOCUS
+from .whyview import show_layer
 from .wording import version_name
 
 PLAYER_RANGE_JS = """
@@ -241,8 +242,7 @@ class VersionStepper(Viewer):
         self._syncing = True
         try:
             options = self._layers()  # as wide as its longest label (`decoder layer 0` whole)
-            self.layer.param.update(options=options, value=s.selected_layer, visible=s.view == FOCUS,
-                                    width=select_width(options))
+            show_layer(self.layer, options, s.selected_layer, visible=s.view == FOCUS, width=select_width(options))
         finally:
             self._syncing = False
 

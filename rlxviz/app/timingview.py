@@ -69,7 +69,8 @@ PREVIOUS_RUN = ("**A new timing run is under way ({repeat} interleaved round(s) 
 "3 interleaved round(s)" stayed up unmarked, and only the thin progress line said another run was under way."""
 
 PREVIOUS_MARK = "Previous run: "
-"""What the machine's verdict and the "Measured in" line begin with while a new run measures (`PREVIOUS_RUN`)."""
+"""What the stored-result note, the machine's verdict and the "Measured in" line begin with while a new run measures
+(`PREVIOUS_RUN`)."""
 
 
 def tip_below(text: str) -> Any:
@@ -194,10 +195,14 @@ class TimingView(Viewer):
         self.blas.object = (f"{mark}**Measured in:** {md_escape(s.blas)}. " + chart_legend(s.timings or [{}])
                             if s.blas else "")
         self.policy.object = md_escape(s.timing_policy)
-        self.origin.param.update(object=s.timing_origin if rows else "", visible=bool(rows and s.timing_origin))
+        # the stored run's note is the previous run's too: at full strength under the under-way banner it read as
+        # said of the run just asked for ("… ↻ Time again measures anew." right after that button was pressed)
+        self.origin.param.update(object=mark + s.timing_origin if rows and s.timing_origin else "",
+                                 visible=bool(rows and s.timing_origin))
         text, kind = machine_verdict(rows, s.timing_when)
         self.machine.param.update(object=mark + text if text else text, alert_type=kind, visible=bool(text))
-        for p in (self.machine, self.blas, self.split, self.chart, self.table):  # "1" as `StaleMark` puts it back
+        # "1" as `StaleMark` puts it back
+        for p in (self.origin, self.machine, self.blas, self.split, self.chart, self.table):
             faded = previous or (p in self.stale.panes and bool(s.stale))
             p.styles = {**p.styles, "opacity": "0.45" if faded else "1"}
         self.again.visible = bool(rows)

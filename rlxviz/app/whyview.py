@@ -160,6 +160,16 @@ class DecisionTable(Viewer):
                          sizing_mode="stretch_both")  # the table takes the tab's height
 
 
+def show_layer(picker: pn.widgets.Select, options: dict[str, Any], layer: Any, **more: object) -> None:
+    """Set a layer picker to `options` (`Derived.layer_options`) and `layer`, and send the browser the option of
+    `layer` whatever the widget held: the new model's key equals the last model's of its index (`Layer.__eq__` leaves
+    `qualified` out; bert-tiny's layer 0 equals t5's encoder layer 0), so Panel saw no value change and the browser
+    kept the old option's value, none of the new options (a blank box over the Why tab's `Layer 0`). `more`: other
+    parameters of `picker` (width, visible). The caller guards its own value watcher (`_syncing`)."""
+    picker.param.update(options=options, value=layer, **more)
+    picker.param.trigger("value")
+
+
 class WhyView(Viewer):
     """"Why didn't layer N fuse?": each pattern's outcome in plain words, the first failing guard,
     the difference from a sibling layer that fused, and the picture focused on the layer."""
@@ -219,7 +229,7 @@ class WhyView(Viewer):
         self._syncing = True
         try:
             options = self._layers()  # as wide as its longest label: `decoder layer 0` whole
-            self.layer.param.update(options=options, value=s.selected_layer, width=select_width(options, 120))
+            show_layer(self.layer, options, s.selected_layer, width=select_width(options, 120))
         finally:
             self._syncing = False
         self.layer.visible = bool(s.layers()) or s.trace is None
@@ -269,4 +279,4 @@ class WhyView(Viewer):
                                                    sizing_mode="stretch_both"), sizing_mode="stretch_both")
 
 
-__all__ = ["DecisionTable", "WhyView"]
+__all__ = ["show_layer", "DecisionTable", "WhyView"]
