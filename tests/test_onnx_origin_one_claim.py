@@ -92,3 +92,21 @@ def test_esms_attention_names_its_own_nodes_and_the_ropes_theirs():
     text = report_markdown(node_report(s.after, view.id, t, None, onnx))
     assert f"**absorbed ONNX nodes**: none of its own; its match's are named by rope %{rope.id}" in text, text
     assert "of the fusion that made it" not in text
+
+
+def test_llamas_packed_gate_up_matmul_names_its_matmuls_and_swiglu_the_rest():
+    """llama's `fuse_swiglu.dual_matmul` makes a packed matmul and a FusedSwiGLU: the matmul computes both products,
+    so it names the two MatMuls; FusedSwiGLU names the gate's activation and the product (newcomer run 20: the
+    matmul said "none of its own" and FusedSwiGLU listed the MatMuls)."""
+    onnx, t = _run(ZOO / "llama.dynamo-eager.onnx")
+    k = next(k for k, s in enumerate(t.steps) if s.pass_name == "fuse_swiglu")
+    g = t.steps[k].after
+    swiglus = [n for n in g if n.op == Op.FUSED_SWIGLU]
+    assert swiglus
+    for sw in swiglus:
+        mm = g[sw.inputs[0]]
+        said_mm = report_markdown(node_report(g, mm.id, t, None, onnx))
+        said_sw = report_markdown(node_report(g, sw.id, t, None, onnx))
+        assert "**absorbed ONNX nodes** (2, compute first)" in said_mm and said_mm.count("(MatMul)") == 2, said_mm
+        line = next(x for x in said_sw.splitlines() if "absorbed ONNX nodes" in x)
+        assert "(MatMul)" not in line and "(Sigmoid)" in line, line

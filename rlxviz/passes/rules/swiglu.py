@@ -59,7 +59,8 @@ def _dual(c: Ctx, rw: Rewriter) -> int:
     with rw.provenance(absorbed):
         with rw.absorbing():  # the weight concat replaces nothing
             weights = rw.concat([c.id("wu"), c.id("wg")], axis=1)
-        packed = rw.matmul(c.id("x"), weights)
+        with rw.absorbing(absorbed[:2]):  # the packed matmul computes the two products: it replaces the matmuls
+            packed = rw.matmul(c.id("x"), weights)
         out = rw.emit(Op.FUSED_SWIGLU, [packed], gate_first=False, activation=_act(c))
     rw.remove(absorbed[:-1])
     rw.replace(c.id("mul"), out)
