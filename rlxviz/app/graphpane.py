@@ -45,7 +45,6 @@ from ..ir.printer import format_value
 from ..passes.made import holders
 from ..passes.placement import placed
 from ..passes.trace import Trace, layer_keys, layer_label, layer_of
-from ..session.cache import LRUCache
 from ..viz import layer_groups
 from ..viz.overlay import all_versions
 from ..viz.styles import HIGHLIGHT_MARK, SEARCH_MARK, SELECTED_MARK, op_legend, search_key, tint
@@ -239,10 +238,6 @@ def folded_index(graph: Graph, open_layers: list[int], trace: Trace | None = Non
     return out
 
 
-_EVERY_NODE = LRUCache(maxsize=8)
-"""`viz.overlay.all_versions` of a run, by `Trace.key`: resolves any node id of the run."""
-
-
 def absorbed_index(graph: Graph, trace: Trace | None) -> dict[str, list[list[object]]]:
     """What each fused node of `graph` (a version of `trace`) holds, at any depth, for the search (`SvgGraph.absorbed`).
 
@@ -260,7 +255,7 @@ def absorbed_index(graph: Graph, trace: Trace | None) -> dict[str, list[list[obj
     """
     if trace is None:
         return {}
-    every = _EVERY_NODE.get_or_compute(trace.key, lambda: all_versions(trace))
+    every = all_versions(trace)  # once per run
     # the layer keys as the Why picker lists them: `encoder layer 0` / `decoder layer 0` when there are two stacks
     listed = layer_keys(i for n in graph if (i := layer_of(n.path)) is not None)
     keys = {k: k for k in listed}

@@ -12,6 +12,7 @@ from collections.abc import Container
 from dataclasses import dataclass, field, replace
 
 from ..ir import Graph, Node, Op, operand_roles
+from ..ir.identity import DigestCache
 from ..ir.ops import FUSED
 from ..passes.made import Beside, made_beside, made_in_run
 from ..passes.trace import Match, PassStep, Rejection, Trace
@@ -424,10 +425,17 @@ def bound_names(step: PassStep) -> dict[int, tuple[tuple[str, str], ...]]:
     return {i: tuple(v) for i, v in out.items()}
 
 
+_ALL_VERSIONS: DigestCache[Graph] = DigestCache(limit=8)
+
+
 def all_versions(trace: Trace) -> Graph:
-    """Every node of every version of a run in one (non-dataflow) graph, to resolve any id of the run."""
-    nodes: dict[int, Node] = {}
-    for _, g in trace.versions():
-        for n in g:
-            nodes.setdefault(n.id, n)
-    return Graph(nodes.values(), trace.final.outputs, trace.input.name + "_all_versions")
+    """Every node of every version of a run in one (non-dataflow) graph, to resolve any id of the run; once per run
+    (the graph pane's search index and each inspector report read it)."""
+    def every() -> Graph:
+        nodes: dict[int, Node] = {}
+        for _, g in trace.versions():
+            for n in g:
+                nodes.setdefault(n.id, n)
+        return Graph(nodes.values(), trace.final.outputs, trace.input.name + "_all_versions")
+
+    return _ALL_VERSIONS.get_or_compute(trace, every)
