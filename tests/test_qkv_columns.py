@@ -200,7 +200,8 @@ def test_codegen_reads_its_qkv_block_of_the_projection_merged_with_its_mlp():
     # the n_rot fix alone leaves `rope_halves` (CodeGen rotates GPT-J's interleaved pairs), a form the block lacks
     # too: the layers are held back by rlxviz's ops (tests/test_gap_pattern_standing.py)
     assert r.layers and all(lv.status == "fused as far as rlxviz's ops go" and lv.gap_forms == [PARTIAL_ROTARY_GAP]
-                            and lv.gap_blocker.startswith("rope_halves (a gap in rlxviz's ops: ") for lv in r.layers)
+                            and lv.gap_blocker == "rope_halves (a gap in rlxviz's ops: FusedAttentionBlock with "
+                            "interleaved RoPE)" for lv in r.layers)
 
 
 def test_the_stage_makes_nothing_a_pipeline_without_the_block_lacks():
