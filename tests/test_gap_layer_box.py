@@ -14,14 +14,17 @@ and solid ink, never the fused green, the rejection's red or the faded grey.
 from __future__ import annotations
 
 import functools
+import re
 from pathlib import Path
 
 import numpy as np
+import pytest
+from test_near_miss_rule import trace_of
 
 from rlxviz import session
 from rlxviz.passes import Trace
 from rlxviz.session import OpenRequest, open_model, open_pipeline, open_trace
-from rlxviz.session.render import settled_verdicts, verdicts
+from rlxviz.session.render import View, settled_verdicts, svg, verdicts
 from rlxviz.viz.layers import layer_groups, layers_to_dot
 from rlxviz.viz.overlay import Overlay
 from rlxviz.viz.styles import NOT_NEAR_MISS, OP_GAP, OP_GAP_INK, REJECT, STATUS_COLORS, meaningful_colors
@@ -29,6 +32,10 @@ from rlxviz.viz.styles import NOT_NEAR_MISS, OP_GAP, OP_GAP_INK, REJECT, STATUS_
 HERE = Path(__file__).parent
 QK_NORM = HERE / "data" / "cases" / "n3-04b-qk-norm-full-width.rlx"
 GRANITE = HERE / "fixtures" / "onnx" / "cases" / "granite.onnx"
+NEOX = HERE / "fixtures" / "onnx" / "cases" / "gpt-neox.legacy-sdpa.onnx"
+BERT = HERE / "fixtures" / "onnx" / "bert.onnx"
+FUSED_INK = "#1b5e20"
+"""The fused green's ink: a fused box's frame and words (`viz.layers`, `viz.box_words`)."""
 
 
 @functools.cache
@@ -65,13 +72,54 @@ def test_a_layer_held_back_by_rlxvizs_ops_is_not_drawn_green():
 
 
 def test_a_fused_layer_keeps_its_green():
-    """granite's layers are fused as far as rlxviz's ops go (they have fused ops): still drawn fused."""
-    trace = granite()
+    """bert's layers are fused as expected (one FusedTransformerLayer each): green box, green words, no gap's ink."""
+    trace = trace_of(BERT)
     final = trace.steps[-1].after
     vs = settled_verdicts(trace, final)
-    assert not any(v.held_back for v in vs.values()) and vs
+    assert vs and all(v.word == "fused" and not v.at_gap for v in vs.values()), vs
     line = box(layers_to_dot(final, verdicts=vs), "layer0")
-    assert STATUS_COLORS["fused"] in line and STATUS_COLORS[OP_GAP] not in line, line
+    assert STATUS_COLORS["fused"] in line and FUSED_INK in line, line
+    assert STATUS_COLORS[OP_GAP] not in line and OP_GAP_INK not in line, line
+
+
+@functools.cache
+def _neox_svg(version: int) -> str:
+    return svg(trace_of(NEOX), View(version, "layers"))
+
+
+@pytest.mark.parametrize("path", [NEOX, GRANITE], ids=lambda p: p.stem)
+def test_a_layer_fused_as_far_as_rlxvizs_ops_go_is_drawn_as_the_gap_not_green(path):
+    """Issue 39: gpt-neox's boxes said `fused as far as rlxviz's ops and patterns go` (granite's `... ops go`) in the
+    fused green, on a green box once settled: the words say a gap, so box and words take the gap's colours."""
+    trace = trace_of(path)
+    vs = verdicts(trace)
+    assert vs and all(v.at_gap and v.fused and not v.held_back for v in vs.values()), vs
+    assert all(v.word.startswith("fused as far as rlxviz's ops") for v in vs.values()), vs
+    final = trace.steps[-1].after
+    line = box(layers_to_dot(final, verdicts=settled_verdicts(trace, final)), "layer0")
+    assert f'fillcolor="{STATUS_COLORS[OP_GAP]}"' in line and f'color="{OP_GAP_INK}"' in line, line
+    assert STATUS_COLORS["fused"] not in line and FUSED_INK not in line, line
+    first = box(layers_to_dot(trace.input, verdicts=settled_verdicts(trace, trace.input)), "layer0")
+    assert f'<FONT COLOR="{OP_GAP_INK}"><B>final: fused as far as rlxviz' in first, first
+    assert FUSED_INK not in first and STATUS_COLORS["fused"] not in first, first
+
+
+@pytest.mark.parametrize("version", [0, -1], ids=["input", "final"])
+def test_gpt_neox_svg_draws_its_layer_boxes_in_the_gaps_colours(version):
+    """The rendered picture, as the app shows it: no green anywhere in a layer box of gpt-neox (its every layer is
+    `fused as far as rlxviz's ops and patterns go`), the words in the gap's ink."""
+    trace = trace_of(NEOX)
+    v = len(trace.versions()) - 1 if version < 0 else version
+    picture = _neox_svg(v)
+    groups = re.findall(r'<g id="(layer\d+)" class="node">(.*?)</g>', picture, re.S)
+    assert len(groups) >= 2, picture[:2000]
+    for key, body in groups:
+        assert "fused as far as rlxviz&#39;s ops and patterns go" in body or \
+            "fused as far as rlxviz's ops and patterns go" in body, (key, body)
+        assert FUSED_INK not in body.lower() and STATUS_COLORS["fused"] not in body.lower(), (key, body)
+        assert re.search(rf'<text[^>]*fill="{OP_GAP_INK}"[^>]*>(final: )?fused as far as', body), (key, body)
+        if version < 0:
+            assert f'fill="{STATUS_COLORS[OP_GAP]}"' in body and f'stroke="{OP_GAP_INK}"' in body, (key, body)
 
 
 def test_a_box_before_its_final_form_whose_only_refusals_are_gaps_is_drawn_as_the_gap():

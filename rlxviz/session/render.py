@@ -180,7 +180,8 @@ def _verdicts(trace: Trace) -> dict[int, Verdict]:
 
     return {v.layer: Verdict(v.fused, v.first.guard if v.first is not None else "", v.reason, status=v.status,
                              none_made=none_made_words(v),
-                             held_back=v.fused and bool(v.op_gaps) and not v.has_fused_op, summary=summary(v))
+                             held_back=v.fused and bool(v.op_gaps) and not v.has_fused_op, at_gap=v.gap_only,
+                             summary=summary(v))
             for v in run.layers}  # the verdict's own words (`LayerVerdict.status`), as the Why tab and --json say
 
 

@@ -75,10 +75,12 @@ def _verdict_lines(v: Verdict, g: LayerGroup | None = None) -> list[str]:
     """The status lines of a box from the session's verdict `v`: its words (`Verdict.word`), then the guard of a
     layer not fused. For a box drawn at the version the verdict settled at (`g`, its group): what fused it, beside
     the words, and how many of its ops fused under a refusal. For a box drawn at an earlier version (no `g`): the
-    words as `final: ...` (e.g. `final: fused as far as legal`), alone: the ops that fused are not in that version."""
+    words as `final: ...` (e.g. `final: fused as far as legal`), alone: the ops that fused are not in that version.
+    A layer held back by rlxviz's ops (`Verdict.at_gap`: `fused as far as rlxviz's ops go`, `held back by ...`) is
+    worded in the gap's ink (`OP_GAP_INK`, the chips' `△`) at every version, never in the fused green."""
     word = _e(v.word) if g is not None else f"final: {_e(v.word)}"
-    if v.held_back:
-        beside = f" {_small(v.none_made, OP_GAP_INK)}" if g is not None else ""
+    if v.held_back or v.at_gap:
+        beside = f" {_small(_counted(g.fused) or v.none_made, OP_GAP_INK)}" if g is not None else ""
         return [f'<FONT COLOR="{OP_GAP_INK}"><B>{word}</B></FONT>{beside}']
     if v.fused:
         beside = f" {_small(_counted(g.fused) or v.none_made, '#1b5e20')}" if g is not None else ""

@@ -65,6 +65,11 @@ class Verdict:
         held_back: the layer is held back by rlxviz's ops with no fused op (`LayerVerdict.op_gaps` and not
             `has_fused_op`: status `held back by rlxviz's ops`): not fused, not the model's fault; its box is drawn
             as a gap (`styles.OP_GAP`), never in the fused green.
+        at_gap: the layer is held back, in part or whole, by gaps in rlxviz's ops (`LayerVerdict.gap_only`: status
+            `fused as far as rlxviz's ops go`, `... ops and patterns go`, or `held back by ...`; `held_back` implies
+            it): its box and words are drawn as the gap (`styles.OP_GAP`, the chips' `△`), never in the fused green,
+            which says "fused as expected" (gpt-neox's `final: fused as far as rlxviz's ops and patterns go` was
+            written in green, issue 39).
         made: on an unsettled verdict, ids of the layer's nodes in the version drawn that the run's matches made
             (`passes.why.facts.made_nodes`: the nodes the verdict lists as fused or rewritten), so the box's `at
             this version:` counts the plain ops a match made (the packed `attention`) beside the fused ones.
@@ -81,6 +86,7 @@ class Verdict:
     status: str = ""
     none_made: str = "nothing to fuse"
     held_back: bool = False
+    at_gap: bool = False
     made: frozenset[int] = frozenset()
     summary: tuple = ()
 
@@ -143,11 +149,11 @@ class LayerGroup:
 
     @property
     def tone(self) -> str:
-        """The key of the box's colours (`STATUS_COLORS`): `fused` or `not fused` for a settled verdict, whatever its
-        words (`fused as far as legal` is drawn as fused), but `OP_GAP` for a layer held back by rlxviz's ops
-        (`Verdict.held_back`), else `status`."""
+        """The key of the box's colours (`STATUS_COLORS`): `fused` or `not fused` for a settled verdict (`fused as
+        far as legal` is drawn as fused), but `OP_GAP` for a layer held back by rlxviz's ops, with or without fused
+        ops (`Verdict.at_gap`, `Verdict.held_back`: `fused as far as rlxviz's ops go` is no green), else `status`."""
         if self.verdict is not None and self.verdict.settled:
-            if self.verdict.held_back:
+            if self.verdict.held_back or self.verdict.at_gap:
                 return OP_GAP
             return "fused" if self.verdict.fused else "not fused"
         return self.status
@@ -343,7 +349,7 @@ def layer_signature(graph: Graph, g: LayerGroup) -> tuple:
     nodes = tuple((n.op.value, str(n.dtype), tuple(n.shape), tuple(sorted((k, attr(v)) for k, v in n.attrs.items())),
                    n.pass_name or "", tuple(operand(i) for i in n.inputs)) for n in g.nodes)
     v = g.verdict
-    verdict = (v.fused, v.guard, v.settled, v.word, v.held_back, v.summary) if v is not None else None
+    verdict = (v.fused, v.guard, v.settled, v.word, v.held_back, v.at_gap, v.summary) if v is not None else None
     return nodes, g.weights, g.status, verdict, tuple(sorted({(r.rule, r.guard) for r in g.rejections}))
 
 

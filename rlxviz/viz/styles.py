@@ -77,8 +77,9 @@ NOT_NEAR_MISS_INK = "#757575"
 OP_GAP = "△ gap in rlxviz's ops"
 """The status of a layer box held back only by gaps in rlxviz's ops (`passes.why.verdict.OP_GAP_GROUP`, the app
 chips' unfaded `△`): at an earlier version, a layer whose every refusal is no near-miss and some is at a gap; settled,
-a layer `held back by rlxviz's ops` (no fused op). Not fused, and not the model's fault: a compiler fix, so neither
-the fused green, the rejection's red nor the faded grey."""
+a layer held back by rlxviz's ops (`held back by rlxviz's ops`, no fused op, or `fused as far as rlxviz's ops go`, some
+fused: `layers.Verdict.at_gap`). Not fused as expected, and not the model's fault: a compiler fix, so neither the
+fused green, the rejection's red nor the faded grey."""
 OP_GAP_INK = "#283593"
 """Border and words of an `OP_GAP` box."""
 STATUS_COLORS = {"fused": "#a5d6a7", "partly fused": "#fff59d", "rejected": "#ffcdd2", "unfused": "#eeeeee",
