@@ -157,6 +157,21 @@ def test_a_kept_search_finds_its_hits_in_the_next_model(browser, server):
         expect(pg.locator(".rv-after .rv-found")).to_have_text(re.compile(r"^1/\d+$"))
 
 
+def test_a_node_id_query_is_cleared_on_a_model_switch(browser, server):
+    """Newcomer run: `%795` stayed in the after pane's box on the next model and read "no match" there; a node id is
+    one model's, so the switch clears it (a term carries over: the test above)."""
+    with watched_page(browser, server[0], 1280, 800) as pg:
+        _preset(pg, "bert-tiny")
+        box, found = pg.locator(".rv-after .rv-search"), pg.locator(".rv-after .rv-found")
+        node = pg.locator(".rv-after g.node[id^='n']").first.get_attribute("id")
+        box.fill(f"%{node[1:]}")
+        expect(found).to_have_text("1/1")
+        _preset(pg, "minilm")
+        expect(box).to_have_value("")
+        expect(found).to_have_text("")
+        expect(pg.locator(".rv-after g.rv-found-node")).to_have_count(0)
+
+
 SET_INDEX = """([cls, empty]) => { for (const m of Bokeh.documents[0].all_models) {
     if (m.css_classes && m.css_classes.includes(cls) && m.data && 'absorbed' in m.data.properties) {
       if (empty) { window.__index = [m.data.absorbed, m.data.folded]; m.data.folded = {}; m.data.absorbed = {}; }

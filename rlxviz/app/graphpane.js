@@ -294,13 +294,21 @@ export function render({ model, el }) {
     const h = hits[hit]; last = h.key; found.dataset.hit = h.key; counted();  // data-hit: the node shown
     if (step && h.g.id !== h.key && isBox(h.g.id) && h.id !== null) { center(h.g, true); open(h.g, [h.id]); }
     else center(h.g, true); };
+  // A picture of another model (its scope's model part differs, `ZoomScope`; '' or none: not known): a node-id
+  // query (`%795`, `NODE_QUERY`) named a node of the model before, so it is cleared (it read "%795 — no match" on
+  // the new model); a term ("softmax") carries over on purpose. `graphpane.kept_query` says the same in Python.
+  const modelOf = (sc) => (sc || '').split(':')[0];
+  const otherModel = (a, b) => !!modelOf(a) && !!modelOf(b) && modelOf(a) !== modelOf(b);
+  const keptQuery = (q, other) => (other && /^\s*%/.test(q) ? '' : q);
+  const rebase = (was) => { const q = keptQuery(search.value, otherModel(was, model.scope));
+    if (q === search.value) return; search.value = q; hits = []; last = lastQ = null; find(false); };
   search.addEventListener('input', () => find(false));
   search.addEventListener('keydown', (e) => { e.stopPropagation(); if (e.key === 'Enter') find(true); });
   let reveal = null, revealIds = [];
   // no scope ('') is no promise that the next picture is the same graph's: it is fitted
   const setSvg = () => { const had = inner.querySelector('svg'); const same = had && !!model.scope && scope === model.scope;
     if (scope !== null && scope !== model.scope) staleMarks = true;  // another model's: its marks are stale
-    inner.innerHTML = model.svg || ''; scope = model.scope;
+    rebase(scope); inner.innerHTML = model.svg || ''; scope = model.scope;
     const svg = inner.querySelector('svg');
     if (svg) { const vb = svg.viewBox.baseVal; if (vb && vb.width) { svg.setAttribute('width', vb.width);
       svg.setAttribute('height', vb.height); } }
@@ -327,7 +335,7 @@ export function render({ model, el }) {
     else if (isBox(g.id)) open(g); });
   // a new scope fits the picture whichever comes first: a patch that sets svg and scope together hands them over one
   // at a time, svg first, so `setSvg` saw the old scope and kept the last model's zoom (an empty view)
-  const rescope = () => { if (model.scope === scope) return; staleMarks = scope !== null; scope = model.scope;
+  const rescope = () => { if (model.scope === scope) return; staleMarks = scope !== null; rebase(scope); scope = model.scope;
     if (inner.querySelector('svg')) { fit(); mark(false); } else touched = false; };
   model.on('svg', setSvg); model.on('scope', rescope);
   // another model's index can arrive after its picture (setSvg searched the new picture with the old index: a

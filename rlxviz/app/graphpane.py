@@ -27,7 +27,8 @@ the view ("map ↕"). Its box has one size in every pane, and it lies in the cor
 drawing, the same corner in the linked panes (before/after), chosen once the view rests. It lies over the pane's
 corner, so it folds away: the × in its labelled head or the bar's "map" button (which brings it back). A model switch
 fits the picture: a highlight of the model before never centres the new one (its ids are another graph's), and a
-kept view that shows none of a new picture is fitted.
+kept view that shows none of a new picture is fitted, and a node-id query in the search box (`%795`, one model's
+node) is cleared, while a term (`softmax`) carries over (`kept_query`).
 """
 
 from __future__ import annotations
@@ -170,6 +171,26 @@ def search_hits(tooltips: dict[int, str], query: str) -> list[int]:
     if m := re.fullmatch(r"%(\d+)", q):
         return [i for i in tooltips if i == int(m[1])]
     return [i for i, t in tooltips.items() if q and q in own_text(t)]
+
+
+NODE_QUERY = re.compile(r"\s*%")
+"""A search query that names a node by its id (`%795`, `%12`, or a `%` being typed): one model's node, so it is
+cleared when the pane shows another model (`kept_query`)."""
+
+
+def scope_model(scope: str | None) -> str:
+    """The model part of a pane's `SvgGraph.scope` (`ZoomScope`: `2:full` -> `2`); "" for none (not known)."""
+    return (scope or "").split(":")[0]
+
+
+def kept_query(query: str, was: str | None, now: str | None) -> str:
+    """What the search box holds when the pane's scope goes from `was` to `now` (the browser's `rebase` does the same,
+    `_ESM`): a node-id query (`NODE_QUERY`: `%795`) is cleared when the two scopes name different models (a node id is
+    one model's: `%795 — no match` stayed on the new model, issue 39); a term (`softmax`) carries over on purpose, and
+    so does every query while either model is not known (`scope_model` ""), or within one model (a version step, a new
+    run, another view: the same node ids)."""
+    a, b = scope_model(was), scope_model(now)
+    return "" if a and b and a != b and NODE_QUERY.match(query) else query
 
 
 def search_order(order: list[int], drawn: dict[int, str], folded: dict[str, list[list[int | str]]],
