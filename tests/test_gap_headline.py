@@ -35,9 +35,10 @@ SCALE_GAP = "FusedAttentionBlock with a non-default scale"
 HELD = "held back by rlxviz's ops"
 AS_FAR = "fused as far as rlxviz's ops go"
 
-NEOX_BLOCKER = ("attn_single_user (illegal while the sdpa NaN guard moved past the head merge reads there: the fusion "
-                "would hide the value that reader needs; the reader is rlxviz's own, made by its "
-                "canonicalize_exported.nan_guard_moved from your nodes)")
+NEOX_BLOCKER = ("attn_single_user (illegal while the sdpa NaN guard moved past the head merge reads there, a reader "
+                "rlxviz's own canonicalize_exported.nan_guard_moved made from your nodes: the fusion would hide the "
+                "value it reads, and FusedAttentionBlock has no form that takes it in; a compiler fix, nothing in the "
+                "model to change)")
 
 
 def _explain(capsys, path: Path) -> tuple[int, str, dict]:
