@@ -129,7 +129,9 @@ def test_a_gap_whose_fix_alone_is_not_enough_says_what_fails_next(capsys):
     case = HERE / "fixtures" / "onnx" / "cases" / "gpt-neox.legacy-sdpa.onnx"
     code, text, _ = cli_run(capsys, "explain", case, "--inputs", case.with_name("gpt-neox.legacy-sdpa_io.npz"))
     head = next(ln for ln in text.splitlines() if "(canonical pipeline)" in ln)
-    assert code == 0 and "nothing in the model to change" not in head, head
+    # the compiler fix is not claimed enough; only the blocker, a reader rlxviz made, says the model has nothing to
+    # change (`caveat.MADE_READERS`, issue 39)
+    assert code == 0 and "nothing in the model to change" not in head.replace(NEOX_BLOCKER, ""), head
     assert head.endswith(f"a compiler fix; alone it is not enough in 2 of them: {NEOX_BLOCKER} fails next)"), head
     assert all(f"alone it is not enough: {NEOX_BLOCKER} fails next" in ln
                for ln in text.splitlines() if "rlxviz has no FusedAttentionBlock with partial rotary" in ln)
