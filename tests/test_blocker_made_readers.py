@@ -25,7 +25,7 @@ from rlxviz.passes.why.places import places
 NEOX = Path(__file__).parent / "fixtures" / "onnx" / "cases" / "gpt-neox.legacy-sdpa.onnx"
 RULE = "canonicalize_exported.nan_guard_moved"
 WORDS = MADE_READERS.format(guard="attn_single_user", kind="illegal", rule=RULE,
-                            what="sdpa NaN guard moved past the head merge")
+                            what="sdpa NaN guard moved past the head merge", product="FusedAttentionBlock")
 
 
 @pytest.fixture(scope="module")

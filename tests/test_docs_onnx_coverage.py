@@ -59,8 +59,7 @@ def test_committed_export_rows_are_the_scripts(name, monkeypatch):
 def pivot_cell(row: str) -> str:
     """The deployed-forms table's cell for a coverage row: `packed` or `no: ...`, the layers fused as expected and,
     after `;`, how many more are fused as far as rlxviz's ops go (`... ops and patterns go` where the gap's compiler
-    fix alone leaves something of rlxviz's own doing next, a form its patterns do not recognize or a reader its own
-    rewrite made: the row's own words)."""
+    fix alone leaves a form rlxviz's patterns do not recognize next: the row's own words)."""
     cells = [c.strip() for c in row.strip("|").split("|")]
     m = re.match(r"(\d+/\d+) layer\(s\) fused as expected(?:; (\d+) (?:fused as far as|held back by) "
                  r"(rlxviz's ops(?: and patterns)?))?", cells[8])

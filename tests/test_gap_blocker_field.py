@@ -25,9 +25,10 @@ GRANITE = CASES / "granite.onnx"
 NEOX = CASES / "gpt-neox.legacy-sdpa.onnx"
 SCALE_GAP = "FusedAttentionBlock with a non-default scale"
 RULE = "fuse_attention_block.qkv_attention_out"
-NEOX_BLOCKER = ("attn_single_user (illegal while the sdpa NaN guard moved past the head merge reads there: the fusion "
-                "would hide the value that reader needs; the reader is rlxviz's own, made by its "
-                "canonicalize_exported.nan_guard_moved from your nodes)")
+NEOX_BLOCKER = ("attn_single_user (illegal while the sdpa NaN guard moved past the head merge reads there, a reader "
+                "rlxviz's own canonicalize_exported.nan_guard_moved made from your nodes: the fusion would hide the "
+                "value it reads, and FusedAttentionBlock has no form that takes it in; a compiler fix, nothing in the "
+                "model to change)")
 
 
 @pytest.fixture(scope="module")

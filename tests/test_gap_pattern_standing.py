@@ -6,9 +6,12 @@ said "alone it is not enough in 2 of them: qkv_packed (not recognized) fails nex
 own `qkv_packed` pattern would still refuse the layer (the head split between the QKV narrow and the RoPE), so the op
 alone is not what holds it back. Decision: the blocker's refusal kind is data (`OpGap.blocker_kind`), and a layer
 whose gap leaves a `not recognized` form next is "fused as far as rlxviz's ops and patterns go" (or "held back by
-rlxviz's ops and patterns"): still nothing in the model to change (exit 0), but both of rlxviz's parts named. So does
-a gap whose fix leaves a refusal whose readers rlxviz's own rewrite made (gpt-neox's moved NaN guard): whatever is
-rlxviz's own doing (`OpGap.blocker_own`). A gap whose fix leaves the model's own use or term next keeps its words
+rlxviz's ops and patterns"): still nothing in the model to change (exit 0), but both of rlxviz's parts named
+(`OpGap.pattern_miss`). A gap whose fix leaves a refusal whose readers rlxviz's own rewrite made (gpt-neox's NaN guard
+that `nan_guard_moved` moved past the head merge) is no pattern miss (issue 39: "patterns" read as a form of the model
+rlxviz does not recognize): it keeps the ops words, its blocker naming the rewrite that made the reader, that the
+block cannot take it in and that nothing in the model is to change (`caveat.MADE_READERS`; `--json`'s
+`gaps[].blocker_made_by`). A gap whose fix leaves the model's own use or term next keeps its words
 (the caveat says what fails next). Nor is a blocker that is itself a gap in rlxviz's ops of the layer (newcomer run
 19): gptj's interleaved RoPE (`rope_halves`, a form the block lacks) behind its partial rotary, esm.qdyn's
 `qkv_packed` where its integer-matmul projections are a gap of the whole pass: the layer is held back by rlxviz's
@@ -82,19 +85,50 @@ def test_cli_text_and_json_agree_on_esm(capsys):
     assert data["headline"] in out
 
 
-def test_a_blocker_rlxviz_made_names_the_patterns():
-    """gpt-neox: the gap's fix alone leaves `attn_single_user` illegal, but only because of a reader rlxviz's own
-    `canonicalize_exported.nan_guard_moved` made (`caveat.made_readers`): what fails next is rlxviz's doing, not the
-    model's, so "as far as rlxviz's ops go" claims too little. Decision: such a blocker counts as rlxviz's own
-    (`OpGap.blocker_own`), as a pattern miss does; the layers read "ops and patterns", the caveat saying what fails."""
-    trace = Pipeline.canonical().run(load_onnx(ZOO.parent / "cases" / "gpt-neox.legacy-sdpa.onnx", seq=8).graph)
+NEOX = ZOO.parent / "cases" / "gpt-neox.legacy-sdpa.onnx"
+MOVED = "canonicalize_exported.nan_guard_moved"
+
+
+def test_a_reader_rlxviz_made_is_no_pattern_miss():
+    """gpt-neox: the gap's fix alone leaves `attn_single_user` illegal, only because of a reader rlxviz's own
+    `canonicalize_exported.nan_guard_moved` made (`caveat.made_readers`). The layers read "ops and patterns", as if the
+    model had a form rlxviz's patterns miss; nothing of the model goes unrecognized: the block cannot take in the NaN
+    guard rlxviz moved onto the attention's output. Decision (issue 39): the blocker stays rlxviz's own
+    (`OpGap.blocker_own`) and names the rewrite (`OpGap.blocker_made_by`), but is no pattern miss: the layers are fused
+    as far as rlxviz's ops go, and the words say that nothing in the model is to change."""
+    trace = Pipeline.canonical().run(load_onnx(NEOX, seq=8).graph)
     run = RunVerdict.of(trace)
-    assert run.layers and all(lv.gap_only and lv.pattern_blocked for lv in run.layers)
-    assert all(lv.status == PATTERNS for lv in run.layers)
+    assert run.ok and run.exit_status == 0
+    assert run.layers and all(lv.gap_only and not lv.pattern_blocked for lv in run.layers)
+    assert all(lv.status == FUSED_AS_FAR_AS_OPS for lv in run.layers)
     mine = [g for lv in run.layers for g in lv.gaps if g.blocker]
-    assert mine and all(g.blocker_own and g.blocker_kind != NOT_RECOGNIZED for g in mine)
-    assert all("the reader is rlxviz's own" in g.blocker for g in mine)
-    assert f"2 {PATTERNS} (rlxviz lacks " in run.headline and FUSED_AS_FAR_AS_OPS not in run.headline
+    assert len(mine) == 2 and all(g.blocker_own and g.blocker_made_by == MOVED and not g.pattern_miss for g in mine)
+    assert all(f"a reader rlxviz's own {MOVED} made from your nodes" in g.blocker for g in mine)
+    assert all(g.blocker.endswith("FusedAttentionBlock has no form that takes it in; a compiler fix, nothing in the "
+                                  "model to change)") for g in mine)
+    assert f"2 {FUSED_AS_FAR_AS_OPS} (rlxviz lacks " in run.headline and "patterns" not in run.headline
+
+
+def test_neox_text_json_and_why_tab_say_ops_alone(capsys):
+    """The CLI's text, `-v`, `--json` and the app's Why drawing title read the same status and blocker."""
+    import html
+
+    from rlxviz.session.render import View, dot
+
+    code, out, err = cli_run(capsys, "explain", NEOX, "--seq", "8", "-v")
+    assert code == 0, err
+    assert f"layer 0: {FUSED_AS_FAR_AS_OPS}: " in out and "patterns" not in out
+    code, got, err = cli_run(capsys, "explain", NEOX, "--seq", "8", "--json")
+    data = json.loads(got)
+    assert [lv["status"] for lv in data["layers"]] == [FUSED_AS_FAR_AS_OPS] * 2
+    assert all(g["blocker_made_by"] == MOVED and g["blocker_own"] for lv in data["layers"] for g in lv["gaps"])
+    assert data["headline"] in out
+    trace = Pipeline.canonical().run(load_onnx(NEOX, seq=8).graph)
+    k = next(k for k, s in enumerate(trace.steps) if s.pass_name == "fuse_attention_block")
+    drawn = html.unescape(dot(trace, View(k, "full", "why", 0)))
+    assert f'label="{FUSED_AS_FAR_AS_OPS}: △ fuse_attention_block.qkv_attention_out @ %' in drawn  # the title
+    # the △ tooltips carry the blocker's words (`places.Places.gaps`), and no view says "patterns"
+    assert f"a reader rlxviz's own {MOVED} made from your nodes" in drawn and "patterns" not in drawn
 
 
 def test_a_blocker_of_the_models_own_is_not_rlxvizs():

@@ -15,7 +15,7 @@ from ..trace import Trace, layer_of
 from ..whatif import MODEL, Blocker, fix_alone_blocker, fix_alone_readers, fix_form, what_if
 from .facts import RunFacts
 from .kinds import LayerArchitecture as Architecture
-from .policy import WORKAROUND, op_gaps
+from .policy import PRODUCTS, WORKAROUND, op_gaps
 
 CAVEAT = "alone it is not enough: {blocker} fails next"
 """What a line that names a compiler fix adds to it when that fix, checked at the refusing rule alone
@@ -32,13 +32,18 @@ def blocker_name(guard: str, blocker: Blocker | None) -> str:
     return blocker[0] if blocker[0] == guard else f"{blocker[0]} ({blocker[1]})"
 
 
-MADE_READERS = ("{guard} ({kind} while the {what} reads there: the fusion would hide the value that reader needs; "
-                "the reader is rlxviz's own, made by its {rule} from your nodes)")
+MADE_READERS = ("{guard} ({kind} while the {what} reads there, a reader rlxviz's own {rule} made from your nodes: "
+                "the fusion would hide the value it reads, and {product} has no form that takes it in; a compiler "
+                "fix, nothing in the model to change)")
 """A blocker's name (`blocker_name`) when every reader its failure highlights was made by one of rlxviz's own
 rewrites (`made_readers`): gpt-neox's attention output is read by the exporter's sdpa NaN guard, which
 `canonicalize_exported.nan_guard_moved` moved past the head merge, and `attn_single_user (illegal)` alone read as a
-fault of the model. The kind is said as holding while that reader reads there, with what it costs (the fusion would
-hide the value): `illegal: read there by ...` read as "no fused op could ever take it"."""
+fault of the model. The words say who made the reader, what the fusion would cost (it would hide the value), that the
+product (`{product}`, `policy.PRODUCTS`: FusedAttentionBlock) cannot take that reader in, and that nothing in the
+model is to change: the guard is what a -inf mask fill needs (dropping it, or a finite fill, changes a fully masked
+row's numbers), so it is rlxviz's op and rewrite that hold the layer back, not a form of the model its patterns miss
+(issue 39: "ops and patterns" read as the latter). The kind is said as holding while that reader reads there:
+`illegal: read there by ...` read as "no fused op could ever take it"."""
 
 
 def made_readers(trace: Trace, readers: tuple[int, ...]) -> tuple[str, str] | None:
@@ -98,11 +103,17 @@ def fix_blocker_kind(trace: Trace, rule: str, anchor: int, guard: str) -> str:
 def fix_blocker_own(trace: Trace, rule: str, anchor: int, guard: str) -> bool:
     """Whether what `fix_blocker` names as failing next is rlxviz's own doing: a form its patterns do not recognize
     (`not recognized`: esm's default_scale, then `qkv_packed`), or a refusal whose every highlighted reader one of its
-    own rewrites made (`made_readers`, `MADE_READERS`: gpt-neox's NaN guard that `nan_guard_moved` moved past the
-    head merge). Data beside the words: a layer whose gap's fix alone leaves such a blocker is held back by rlxviz's
-    patterns too, not by its ops alone (`verdict.LayerVerdict.pattern_blocked`); False when it names nothing, or the
-    model's own term or layout."""
+    own rewrites made (`fix_blocker_made_by`, `MADE_READERS`: gpt-neox's NaN guard that `nan_guard_moved` moved past
+    the head merge). Data beside the words; False when it names nothing, or the model's own term or layout. Only the
+    first is a pattern miss (`verdict.LayerVerdict.pattern_blocked`: "ops and patterns")."""
     return _fix_blocker(trace, rule, anchor, guard)[2]
+
+
+def fix_blocker_made_by(trace: Trace, rule: str, anchor: int, guard: str) -> str:
+    """The rewrite of rlxviz's (`pass.rule`) that made every reader what `fix_blocker` names as failing next
+    highlights (`made_readers`: gpt-neox's `canonicalize_exported.nan_guard_moved`); "" when it names nothing or a
+    reader is not that rewrite's."""
+    return _fix_blocker(trace, rule, anchor, guard)[3]
 
 
 GAP_BLOCKER = "{guard} (a gap in rlxviz's ops: {forms})"
@@ -110,16 +121,16 @@ GAP_BLOCKER = "{guard} (a gap in rlxviz's ops: {forms})"
 `rope_halves (a gap in rlxviz's ops: FusedAttentionBlock with interleaved RoPE)`."""
 
 
-def _fix_blocker(trace: Trace, rule: str, anchor: int, guard: str) -> tuple[str, str, bool]:
-    """`(fix_blocker, fix_blocker_kind, fix_blocker_own)`, checked once per refusal and trace: the same
-    check as `explain -v`'s `checked at this rule alone` (`session.advice`), so every view names what that line
+def _fix_blocker(trace: Trace, rule: str, anchor: int, guard: str) -> tuple[str, str, bool, str]:
+    """`(fix_blocker, fix_blocker_kind, fix_blocker_own, fix_blocker_made_by)`, checked once per refusal and trace: the
+    same check as `explain -v`'s `checked at this rule alone` (`session.advice`), so every view names what that line
     names. Where the pass makes no product for the layer at all (`policy.lacks_product`, esm.qdyn's integer
     projections) the guard's own compiler fix is still the one checked: the check is the refusal's own, whatever the
     layer's kind."""
     facts = RunFacts.of(trace)
     key = ("fix_blocker", rule, anchor, guard)
     if key not in facts.cache:
-        facts.cache[key] = ("", "", False)
+        facts.cache[key] = ("", "", False, "")
         pass_name = rule.split(".")[0]
         hit = next(((k, r) for k, s in enumerate(trace.steps) if s.pass_name == pass_name for r in s.rejections
                     if (r.rule, r.anchor, r.guard) == (rule, anchor, guard) and r.fix), None)
@@ -128,7 +139,8 @@ def _fix_blocker(trace: Trace, rule: str, anchor: int, guard: str) -> tuple[str,
         if blocker is not None and name:
             made = made_readers(trace, fix_alone_readers(trace, *hit)) if blocker[0] != guard else None
             if made is not None:
-                name = MADE_READERS.format(guard=blocker[0], kind=blocker[1], rule=made[0], what=made[1])
+                name = MADE_READERS.format(guard=blocker[0], kind=blocker[1], rule=made[0], what=made[1],
+                                           product=PRODUCTS.get(pass_name, pass_name))
             # a blocker that is itself a gap in rlxviz's ops of the layer (gptj's interleaved RoPE `rope_halves`
             # behind its partial rotary; esm.qdyn's `qkv_packed`, refused for its integer-matmul projections) is
             # named as one, as a not-expected line names a gap, and is no pattern miss (newcomer runs 19, 20)
@@ -137,7 +149,7 @@ def _fix_blocker(trace: Trace, rule: str, anchor: int, guard: str) -> tuple[str,
             if gaps:
                 name = GAP_BLOCKER.format(guard=blocker[0], forms=" and ".join(gaps))
             own = not gaps and (blocker[1] == NOT_RECOGNIZED or made is not None)
-            facts.cache[key] = (name, blocker[1], own)
+            facts.cache[key] = (name, blocker[1], own, made[0] if made is not None else "")
     return facts.cache[key]
 
 
@@ -195,6 +207,7 @@ def line_caveats(trace: Trace, rule: str, anchor: int, guard: str, arch: Archite
 
 
 __all__ = ["CAVEAT", "CAVEAT_OF", "MADE_READERS", "WORKAROUND", "alone_caveat", "blocker_name", "caveat_words",
-           "GAP_BLOCKER", "fix_blocker", "fix_blocker_kind", "fix_blocker_own", "fix_caveat", "line_caveats",
+           "GAP_BLOCKER", "fix_blocker", "fix_blocker_kind", "fix_blocker_made_by", "fix_blocker_own", "fix_caveat",
+           "line_caveats",
            "made_readers",
            "model_fix_note", "model_fix_rounded", "workaround_words"]

@@ -20,6 +20,7 @@ from .caveat import (
     caveat_words,
     fix_blocker,
     fix_blocker_kind,
+    fix_blocker_made_by,
     fix_blocker_own,
     model_fix_note,
     model_fix_rounded,
@@ -64,6 +65,8 @@ class Excused:
         blocker_kind: the refusal kind of `blocker` (`caveat.fix_blocker_kind`, e.g. `not recognized`), "" without.
         blocker_own: `blocker` is rlxviz's own doing (`caveat.fix_blocker_own`: a pattern it does not recognize, or
             a refusal whose readers its own rewrite made), False without.
+        blocker_made_by: the rewrite of rlxviz's that made the readers `blocker` names (`caveat.fix_blocker_made_by`:
+            `canonicalize_exported.nan_guard_moved`), "" without.
     """
 
     pattern: str
@@ -78,6 +81,7 @@ class Excused:
     reasons: dict[int, str] = field(default_factory=dict)
     blocker_kind: str = ""
     blocker_own: bool = False
+    blocker_made_by: str = ""
 
     @property
     def line(self) -> str:
@@ -137,8 +141,10 @@ class OpGap:
         blocker_kind: the refusal kind of `blocker` (`Excused.blocker_kind`): `not recognized` when what fails next is
             a form rlxviz's patterns do not take.
         blocker_own: `blocker` is rlxviz's own doing (`Excused.blocker_own`: `not recognized`, or a refusal whose
-            readers rlxviz's own rewrite made, gpt-neox's moved NaN guard), so the layer is held back by rlxviz's
-            patterns too, not by its ops alone (`verdict.LayerVerdict.pattern_blocked`).
+            readers rlxviz's own rewrite made, gpt-neox's moved NaN guard).
+        blocker_made_by: the rewrite of rlxviz's that made the readers `blocker` names (`Excused.blocker_made_by`:
+            gpt-neox's `canonicalize_exported.nan_guard_moved`), "" without. A blocker of rlxviz's own that no rewrite
+            made is a form its patterns do not recognize (`pattern_miss`).
     """
 
     form: str
@@ -150,6 +156,16 @@ class OpGap:
     rounded: bool = False
     blocker_kind: str = ""
     blocker_own: bool = False
+    blocker_made_by: str = ""
+
+    @property
+    def pattern_miss(self) -> bool:
+        """Its compiler fix alone leaves a form rlxviz's patterns do not recognize (`blocker_own`, no reader a rewrite
+        made: esm's `qkv_packed`), so the layer is held back by rlxviz's patterns too, not by its ops alone
+        (`verdict.LayerVerdict.pattern_blocked`). A reader rlxviz's own rewrite made (gpt-neox's NaN guard that
+        `nan_guard_moved` moved past the head merge) is none: no form of the model goes unrecognized there, the
+        product cannot take that reader in (`caveat.MADE_READERS`), so the layer is fused as far as rlxviz's ops go."""
+        return self.blocker_own and not self.blocker_made_by
 
     def __str__(self) -> str:
         """`FORM (RULE: BY)`, as `explain`'s `rlxviz's ops lack:` line names it."""
@@ -168,22 +184,22 @@ def layer_gaps(arch: Architecture, refused: Iterable[Outcome], excused: Iterable
     for o in refused:
         mine = [x for x in groups if (x.pattern, x.guard) == (o.rule, o.guard)]
         at = tuple(dict.fromkeys(n for x in mine for n in x.places)) or o.nodes
-        blocker, kind, mine_own = next(((x.blocker, x.blocker_kind, x.blocker_own) for x in mine if x.blocker),
-                                       ("", "", False))
+        blocker, kind, mine_own, made_by = next(((x.blocker, x.blocker_kind, x.blocker_own, x.blocker_made_by)
+                                                 for x in mine if x.blocker), ("", "", False, ""))
         workaround, rounded = next(((x.workaround, x.rounded) for x in mine if x.workaround), ("", False))
         for form, by in gap_sources(arch, o.pass_name, o.guard, o if own else None):
             # the check behind `blocker` is the guard's own compiler fix: a trait's gap (`any refusal, the layer's
             # trait integer_qkv`) names another fix, which was not checked
             checked = by == o.guard
             g = OpGap(form, o.rule, by, at, blocker if checked else "", workaround, rounded, kind if checked else "",
-                      mine_own and checked)
+                      mine_own and checked, made_by if checked else "")
             out.setdefault(str(g), g)
     ran = {(g.rule, g.form) for g in out.values()}
     for x in groups:  # a gap no hard refusal names: a fusion made without part of it (tanh-GELU's epilogue)
         for form in x.gaps:
             if (x.pattern, form) not in ran:
                 g = OpGap(form, x.pattern, x.guard, tuple(x.places), x.blocker, x.workaround, x.rounded, x.blocker_kind,
-                          x.blocker_own)
+                          x.blocker_own, x.blocker_made_by)
                 out.setdefault(str(g), g)
     return list(out.values())
 
@@ -220,9 +236,10 @@ def excused_misses(trace: Trace, arch: Architecture, layer: int | None, own: boo
         kind = fix_blocker_kind(trace, m.pattern, m.node, m.guard) if blocker else ""
         # a blocker that is a gap in rlxviz's ops of the layer itself is no pattern miss (`caveat.GAP_BLOCKER`)
         mine = bool(blocker) and fix_blocker_own(trace, m.pattern, m.node, m.guard)
+        made_by = fix_blocker_made_by(trace, m.pattern, m.node, m.guard) if blocker else ""
         out[pattern, f"{guard}#{n + 1}" if n else guard] = Excused(pattern, guard, m.reason, why, at, gaps, blocker,
                                                                    workaround, rounded, reasons.get(key, {}), kind,
-                                                                   mine)
+                                                                   mine, made_by)
     return kept, out
 
 

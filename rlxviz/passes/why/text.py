@@ -35,11 +35,13 @@ NO_FUSED_OP = "no fused op"
 NOTHING_TO_FUSE = "nothing to fuse"
 """What a fused layer line lists when no fused op was expected of the layer and none was made (`made_words`)."""
 PATTERNS = "patterns"
-"""What a gap layer's status adds after `rlxviz's ops` when the compiler fix of a gap alone leaves a blocker of
-rlxviz's own doing (`LayerVerdict.pattern_blocked`, `OpGap.blocker_own`): a form its patterns do not recognize (esm's
-default_scale, then `qkv_packed (not recognized)`), or a refusal whose readers its own rewrite made (gpt-neox's
-`attn_single_user`, read by the NaN guard `nan_guard_moved` moved): "as far as rlxviz's ops go" would say the op
-alone stands between the layer and its fusion."""
+"""What a gap layer's status adds after `rlxviz's ops` when the compiler fix of a gap alone leaves a form rlxviz's
+patterns do not recognize (`LayerVerdict.pattern_blocked`, `OpGap.pattern_miss`: esm's default_scale, then
+`qkv_packed (not recognized)`): "as far as rlxviz's ops go" would say the op alone stands between the layer and its
+fusion. Not a refusal whose readers rlxviz's own rewrite made (gpt-neox's `attn_single_user`, read by the NaN guard
+`nan_guard_moved` moved past the head merge): no form of the model goes unrecognized there, and "patterns" read as
+one did (issue 39); the blocker's words (`caveat.MADE_READERS`) say who made the reader and that the product cannot
+take it in, so the layer is fused as far as rlxviz's ops go."""
 
 
 def held_words(legal: bool = False, patterns: bool = False) -> str:
@@ -371,7 +373,7 @@ def graph_gap_words(r: RunVerdict) -> str:
     forms = gap_forms(r)
     if not forms:
         return ""
-    status = gap_status(bool(r.counts), patterns=any(g.blocker_own for g in r.gaps))
+    status = gap_status(bool(r.counts), patterns=any(g.pattern_miss for g in r.gaps))
     blockers = list(dict.fromkeys(g.blocker for g in r.gaps if g.blocker))
     asks = gap_asks(any(g.workaround for g in r.gaps))
     if blockers:  # the compiler fix alone leaves a refusal standing: "nothing in the model to change" says too much

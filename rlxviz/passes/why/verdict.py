@@ -170,9 +170,9 @@ class LayerVerdict:
 
     @property
     def pattern_blocked(self) -> bool:
-        """A gap's compiler fix alone leaves a blocker of rlxviz's own doing (`OpGap.blocker_own`: a pattern miss, or
-        a reader its own rewrite made): its status names the patterns too (`text.gap_status`)."""
-        return any(g.blocker_own for g in self.gaps)
+        """A gap's compiler fix alone leaves a form rlxviz's patterns do not recognize (`OpGap.pattern_miss`; not a
+        reader its own rewrite made, gpt-neox's): its status names the patterns too (`text.gap_status`)."""
+        return any(g.pattern_miss for g in self.gaps)
 
     @property
     def gap_blocker(self) -> str:
