@@ -101,25 +101,6 @@ def _joined(names: list[str]) -> str:
     return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
 
 
-def holders(graph: Graph) -> list[Node]:
-    """The nodes of `graph` that hold what a rewrite absorbed: the one reading of "whose list is `Node.absorbed`" for
-    the app's search (`app.graphpane.absorbed_index`) and the Model Explorer export (`viz.model_explorer`). A rewrite
-    that makes several nodes gives each the whole match's list (`fuse_sdpa` on an ONNX export: a mask reshape, a cast
-    and the attention op, each "absorbed 14 node(s)"; `fuse_attention_block.qkv_columns`: the packed projection, its
-    narrows and ropes beside the attention), so of the nodes sharing one list only those none of the others reads hold
-    it: the attention op, not the reshape that feeds it (the search said "softmax: absorbed into reshape %122"; the
-    export said gpt-neox's k rope absorbed the Q/K/V matmuls)."""
-    groups: dict[tuple[int, ...], list[Node]] = {}
-    for n in graph:
-        if n.absorbed:
-            groups.setdefault(n.absorbed, []).append(n)
-    keep: set[int] = set()
-    for made in groups.values():
-        read = {i for m in made for i in m.inputs}
-        keep |= {m.id for m in made if m.id not in read} or {m.id for m in made}
-    return [n for n in graph if n.id in keep]  # in graph order
-
-
 def is_copy(i: int, beside: Mapping[int, Beside], *graphs: Graph | None) -> bool:
     """Whether node `i` was made beside a match's product (`beside`: `made_in_run`, else `made_beside`) holding the
     product's list as it is (`fuse_attention_block`'s bias expands, `rope_heads`' heads view): such a node replaced
