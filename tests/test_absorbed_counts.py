@@ -32,9 +32,10 @@ from rlxviz.session.render import View, dot
 ONNX = Path(__file__).parent / "fixtures" / "onnx"
 MODELS = {"llama": ONNX / "llama.onnx", "mistral-gqa": ONNX / "zoo" / "mistral.dynamo-eager.onnx",
           "bert": ONNX / "bert.onnx", "minilm": "minilm", "gptj": ONNX / "zoo" / "gptj.dynamo-eager.onnx",
-          "esm": ONNX / "cases" / "esm.qdyn.onnx"}
+          "esm": ONNX / "cases" / "esm.qdyn.onnx", "falcon-mqa": ONNX / "cases" / "falcon.onnx"}
 """Models whose rewrites make several nodes per match: llama's bias expands and packed gate/up matmul, mistral's
-K/V heads repeated for grouped-query attention, gptj's and esm's `qkv_columns` ropes, bert's mask operand."""
+K/V heads repeated for grouped-query attention, falcon's for multi-query, gptj's `qkv_columns` ropes, esm's
+rope heads views, bert's mask operand."""
 NODE = re.compile(r'^\tn(\d+) \[label=<(.*?)> color=.*?tooltip="(.*?)"\]$', re.M)
 
 

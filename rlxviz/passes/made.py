@@ -5,6 +5,8 @@ match made are no second home for them: an operand the product reads (the mask `
 casts for its `attention`, the half tables of a `rope`), or a view of the product's result in the old layout (the
 heads `rope_heads` re-splits). `made_beside` names each by the product it was made for, e.g.
 "made by fuse_sdpa.hf_attention beside attention %309 (the mask operand)", so no such node claims the match's list.
+`replaced` reads what each node of a version replaced itself: the one count of "absorbed N" for drawings, the
+inspector, the search index and the Model Explorer export.
 """
 
 from __future__ import annotations
