@@ -153,7 +153,7 @@ def replaced(n: Node, live: Graph, beside: Mapping[int, Beside], versions: Graph
     return tuple(i for i in n.absorbed if i not in live and not nearer(i))
 
 
-_DIRECT: DigestCache[dict[int, list[tuple[int, int]]]] = DigestCache(limit=8)
+_ABSORBERS: DigestCache[dict[int, list[tuple[int, int]]]] = DigestCache(limit=8)
 _ORDER: DigestCache[dict[int, int]] = DigestCache(limit=8)
 
 
@@ -166,7 +166,7 @@ def absorbers(g: Graph) -> dict[int, list[tuple[int, int]]]:
                 out.setdefault(i, []).append((len(m.absorbed), m.id))
         return out
 
-    return _DIRECT.get_or_compute(g, index)
+    return _ABSORBERS.get_or_compute(g, index)
 
 
 def _order(g: Graph) -> dict[int, int]:
