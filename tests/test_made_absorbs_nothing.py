@@ -2,11 +2,13 @@
 both weight `concat`s were labelled "absorbed 6 node(s): matmul x3, add x3", the merge's whole list). Only the
 merged matmul (`Match.fused`) records the match's nodes; the merged bias add the bias adds it re-makes; the weight
 and bias concats, the zero slots and the narrows none (`Rewriter.absorbing`). Set on the node, so the after pane's
-labels and tooltips, the IR text and `--json` agree; the same for `fuse_swiglu`'s weight concat."""
+labels and tooltips, the IR text and `--json` agree; the same for `fuse_swiglu`'s weight concat. The labels count
+what each node replaced itself (`passes.made.replaced`, issue 39): the matmul its matmuls, the bias add its adds."""
 
 from __future__ import annotations
 
 import json
+import re
 
 from test_app_views import tiny
 from test_shared_input_naming import projections
@@ -39,8 +41,12 @@ def test_only_the_merged_matmul_absorbs_the_shared_input_merge():
         assert [step.before[i].op for i in bias_add.absorbed] == [Op.ADD] * 3
     assert all(not n.absorbed for n in made if n.op not in (Op.MATMUL, Op.ADD)), \
         [(n.op, n.absorbed) for n in made if n.absorbed]
-    svg = s.svg()  # the after pane: the label of the merged matmul says it, no concat's
-    assert svg.count("absorbed 6 node(s)") == len(step.matches), svg.count("absorbed 6 node(s)")
+    # the after pane: the merged matmul's label counts the matmuls it replaced, the bias add's the adds (each node
+    # what it replaced itself, `passes.made.replaced`, as the inspector names them), no concat's
+    svg = s.svg()
+    assert svg.count("absorbed 3 node(s): matmul×3") == len(step.matches), svg.count("absorbed 3 node(s): matmul×3")
+    assert svg.count("absorbed 3 node(s): add×3") == len(step.matches), svg.count("absorbed 3 node(s): add×3")
+    assert len(re.findall(r"absorbed \d+ node\(s\)", svg)) == 2 * len(step.matches)
     text = format_graph(g)  # the IR text: `<- %ids` only on the matmul and the bias add
     for n in concats:
         line = next(ln for ln in text.splitlines() if ln.strip().startswith(f"%{n.id} = concat"))

@@ -6,8 +6,9 @@ both ropes it names, q_rope and k_rope, and the NaN guard's isnan and where behi
 (`△ fix of rope_full_rotary alone is not enough: ...`); the export marked the anchor and subject alone, leaving k_rope
 and the NaN guard bare. And every node `fuse_attention_block.qkv_columns` made (the packed projection, its narrows
 and ropes) carried the whole match's absorbed list, as if a rope had absorbed the Q/K/V matmuls. Decision: one
-reading of which nodes a refusal marks (`viz.overlay.marked_nodes`, the drawing's and the export's) and of which node
-holds a rewrite's list (`passes.made.holders`, the app's search index); a node made beside the product says so
+reading of which nodes a refusal marks (`viz.overlay.marked_nodes`, the drawing's and the export's) and of what
+each node replaced itself (`passes.made.replaced`, the labels' and the search index's); a node made beside the
+product says so
 (`made`, `passes.made.Beside.words`). esm.qdyn's one refusal at its attention runs into two gaps: the export's line
 names both, as the drawing's `△` label does.
 """
@@ -22,13 +23,13 @@ from test_near_miss_rule import trace_of
 
 from rlxviz.app.graphpane import absorbed_index
 from rlxviz.passes import Trace
-from rlxviz.passes.made import made_in_run
+from rlxviz.passes.made import made_in_run, replaced
 from rlxviz.passes.trace import whose_place
 from rlxviz.passes.why.verdict import RunVerdict
 from rlxviz.viz import Overlay
 from rlxviz.viz.dot import _MADE, DotOptions, _Drawer
 from rlxviz.viz.model_explorer import trace_json
-from rlxviz.viz.overlay import follower_note, is_gap
+from rlxviz.viz.overlay import all_versions, follower_note, is_gap
 
 FIX = Path(__file__).parent / "fixtures" / "onnx"
 NEOX, QDYN, GRANITE = (FIX / "cases" / f"{n}.onnx" for n in ("gpt-neox.legacy-sdpa", "esm.qdyn", "granite"))
@@ -155,7 +156,7 @@ def test_esm_qdyns_refusal_names_both_gaps():
 @pytest.mark.parametrize("path", [NEOX, GPTJ, QDYN], ids=lambda p: p.stem)
 def test_each_absorbed_list_is_on_the_node_that_holds_it(path, versions):
     t = _trace(path)
-    made = made_in_run(t)
+    made, every = made_in_run(t), all_versions(t)
     checked = 0
     for eg in _export(path, versions)["graphs"]:
         k = eg["id"].rsplit(": ", 1)[1]
@@ -164,10 +165,12 @@ def test_each_absorbed_list_is_on_the_node_that_holds_it(path, versions):
         for n in eg["nodes"]:
             a, node = _attrs(n), g[int(n["id"])]
             if f"n{node.id}" in index:
-                assert a["absorbed"]["nodeIds"] == [str(i) for i in node.absorbed], (eg["id"], node.id)
+                own = replaced(node, g, made, every)
+                assert a["absorbed"]["nodeIds"] == [str(i) for i in own], (eg["id"], node.id)
                 checked += 1
             else:
                 assert "absorbed" not in a, (eg["id"], node.id, node.op.value, a.get("absorbed"))
                 if node.absorbed and node.id in made:
                     assert a["made"] == made[node.id].words
+                assert not replaced(node, g, made, every), (eg["id"], node.id)
     assert checked

@@ -16,7 +16,7 @@ import numpy as np
 from ..ir import Graph, Node, Op, format_node, operand_roles
 from ..ir.ops import made_as
 from ..ir.printer import format_value
-from ..passes.made import made_in_run
+from ..passes.made import made_in_run, replaced
 from ..passes.pipeline import role_label
 from ..passes.placement import match_layer
 from ..passes.refusal_kinds import kind_words
@@ -198,7 +198,8 @@ def node_report(graph: Graph, node_id: int, trace: Trace | None = None,
             `onnx_domains` then gives the file's domain of each named node (else `onnx_domain` infers it).
 
     Returns:
-        dict with `id, op, attrs, shape, dtype, path, layer, pass_name, absorbed, ir, operands` (role lines),
+        dict with `id, op, attrs, shape, dtype, path, layer, pass_name, absorbed, ir, operands` (role lines;
+        `absorbed`: the ids it replaced itself, `passes.made.replaced`, as its drawing counts them),
         `users` (lines), `is_output`, `weights` ((name, lines) per weight tensor, at most `WEIGHTS_SHOWN`),
         `weights_held` (every weight's name, `weight_names`), `decisions`: `node_decisions`
         (one per decision of `trace` whose anchor, bindings, offending nodes or fused node is this node; messages
@@ -213,9 +214,12 @@ def node_report(graph: Graph, node_id: int, trace: Trace | None = None,
     if n is None:
         raise KeyError(f"node %{node_id} is not in this version of the graph")
     roles = operand_roles(n.op, n.attrs, len(n.inputs))
+    versions = all_versions(trace) if trace is not None else None
+    beside = made_in_run(trace) if trace is not None else {}
     report: dict[str, Any] = {
         "id": n.id, "op": n.op.value, "attrs": dict(n.attrs), "shape": list(n.shape), "dtype": str(n.dtype),
-        "path": n.path, "layer": layer_of(n.path), "pass_name": n.pass_name, "absorbed": list(n.absorbed),
+        "path": n.path, "layer": layer_of(n.path), "pass_name": n.pass_name,
+        "absorbed": list(replaced(n, graph, beside, versions)),  # what it replaced itself, as the drawing counts
         "ir": format_node(n), "is_output": graph.is_output(n),
         "operands": [_node_line(graph, i, roles[k] if k < len(roles) else None) for k, i in enumerate(n.inputs)],
         "users": [_node_line(graph, u.id) for u in graph.users(n)],
@@ -225,16 +229,14 @@ def node_report(graph: Graph, node_id: int, trace: Trace | None = None,
     }
     # the ONNX nodes it came from, through every fusion of the run (a fused attention: its MatMuls and Softmax)
     # each imported node named by one live node of `graph`, the one that computes it (`onnxorigin.onnx_claims`)
-    versions = all_versions(trace) if trace is not None and onnx_nodes else None
-    beside = made_in_run(trace) if trace is not None and onnx_nodes else {}
     report["onnx"] = onnx_origin(n, onnx_nodes, versions, graph, beside)
-    b = beside.get(node_id)
+    b = beside.get(node_id) if onnx_nodes else None
     report["onnx_product"] = f"{b.op} %{b.product}" if b is not None and node_id not in onnx_nodes else ""
     report["onnx_domains"] = ({name: onnx_domains[name] for _, name in report["onnx"] if name in onnx_domains}
                               if onnx_domains else {})
     if trace is None:
         return report
-    made = made_in_run(trace).get(node_id)
+    made = beside.get(node_id)
     report["made"] = made.words if made is not None else ""
     report["decisions"] = node_decisions(trace, node_id)
     report["verdict"] = _verdict(trace, layer_of(n.path), verdict)
@@ -454,10 +456,12 @@ def report_markdown(rep: dict[str, Any]) -> str:
         lines.append(f"**provenance** {md_code(rep['path'])}{layer}")
     if onnx := onnx_markdown(rep):  # the names Netron and Model Explorer show, so the node can be found there
         lines.append(onnx)
-    if rep.get("made"):  # made beside a match's product (`passes.made`): the product holds what the match absorbed
-        lines.append(f"**created by** {md_code(rep['pass_name'])}: {md_escape(rep['made'])}")
+    # what it replaced itself (`passes.made.replaced`): a node made beside a match's product names the product,
+    # which holds what the match absorbed, and only the part it re-makes (`qkv_columns`' rope) as its own
+    replacing = f", replacing {', '.join(f'%{i}' for i in rep['absorbed'])}" if rep["absorbed"] else ""
+    if rep.get("made"):
+        lines.append(f"**created by** {md_code(rep['pass_name'])}: {md_escape(rep['made'])}{replacing}")
     elif rep["pass_name"]:
-        replacing = f", replacing {', '.join(f'%{i}' for i in rep['absorbed'])}" if rep["absorbed"] else ""
         lines.append(f"**created by** {md_code(rep['pass_name'])}{replacing}")
     v = rep.get("verdict")
     if v is not None:  # the layer's verdict, as explain and the Why tab state it

@@ -43,7 +43,7 @@ from panel.custom import JSComponent
 
 from ..ir import Graph
 from ..ir.printer import format_value
-from ..passes.made import holders
+from ..passes.made import is_copy, made_in_run, replaced
 from ..passes.placement import placed
 from ..passes.trace import Trace, layer_keys, layer_label, layer_of
 from ..viz import layer_groups
@@ -281,9 +281,13 @@ def absorbed_index(graph: Graph, trace: Trace | None) -> dict[str, list[list[obj
     listed = layer_keys(i for n in graph if (i := layer_of(n.path)) is not None)
     keys = {k: k for k in listed}
     out: dict[str, list[list[object]]] = {}
-    for n in holders(graph):  # the nodes whose list it is (`passes.made.holders`)
+    made = made_in_run(trace)
+    for n in graph:  # what each node replaced itself (`passes.made.replaced`, as its label counts it)
+        own = replaced(n, graph, made, every)
+        if not own:
+            continue
         found: dict[str, tuple[list[int], list[str]]] = {}  # op -> (ids, the chains of fused nodes they lie in)
-        todo: list[tuple[int, str]] = [(i, "") for i in n.absorbed]
+        todo: list[tuple[int, str]] = [(i, "") for i in own]
         seen: set[int] = set()
         for i, via in todo:  # breadth first: `todo` grows while it is read
             if i in seen:
@@ -294,7 +298,7 @@ def absorbed_index(graph: Graph, trace: Trace | None) -> dict[str, list[list[obj
             ids.append(i)
             if via not in chains:
                 chains.append(via)
-            if m is not None and m.absorbed:
+            if m is not None and m.absorbed and not is_copy(i, made, every):  # a copy's list is its product's
                 here = f"{via} → {m.op.value} %{m.id}" if via else f"{m.op.value} %{m.id}"
                 todo += [(j, here) for j in m.absorbed]
         layer = layer_of(n.path)

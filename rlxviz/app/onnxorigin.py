@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from ..ir import Graph, Node
-from ..ir.identity import DigestCache
+from ..passes.made import absorbers, is_copy, replaced
 from .text import md_code, md_escape
 
 if TYPE_CHECKING:
@@ -69,8 +69,9 @@ def onnx_claims(n: Node, onnx_nodes: Mapping[int, tuple[str, str, str]] | None, 
       claims its MatMuls and Softmax, not the rotation the ropes still compute; and such an `n` claims nothing (one
       that re-makes part of the list, `qkv_columns`' new rope, claims that part);
     * a node another live node of `live` absorbed nearer: itself, where `n` reached it through an earlier fusion, or
-      in a shorter list than `n`'s own (`fuse_shared_input_matmul`'s merged matmul holds the match's matmuls and
-      bias adds, its merged bias add the adds: the adds are the add's).
+      in a shorter list than `n`'s own, or one as long made after it (`fuse_shared_input_matmul`'s merged matmul
+      holds the match's matmuls and bias adds, its merged bias add the adds: the adds are the add's).
+    The first level is `passes.made.replaced`, what the drawing counts as the node's "absorbed N".
 
     Args:
         onnx_nodes: `Model.meta["onnx_nodes"]` (IR node id -> (op type, node name, doc string), from the importer).
@@ -84,24 +85,21 @@ def onnx_claims(n: Node, onnx_nodes: Mapping[int, tuple[str, str, str]] | None, 
     beside = beside or {}
 
     def copy(i: int) -> bool:  # made beside a product, holding the product's list as it is (or, unknown, so taken)
-        b = beside.get(i)
-        return b is not None and (versions is None or i not in versions or b.product not in versions
-                                  or versions[i].absorbed == versions[b.product].absorbed)
+        return is_copy(i, beside, versions)
 
-    if copy(n.id):
-        return set()
-    direct = _direct(live) if live is not None else {}
+    # what `n` itself replaced (`passes.made.replaced`: the drawing's "absorbed N" reads the same), then followed back
+    first = replaced(n, live, beside, versions) if live is not None else () if copy(n.id) else n.absorbed
+    direct = absorbers(live) if live is not None else {}
 
-    def nearer(i: int, depth: int) -> bool:
-        return any(m != n.id and not copy(m) and (depth > 1 or size < len(n.absorbed))
-                   for size, m in direct.get(i, ()))
+    def nearer(i: int) -> bool:  # reached through an earlier fusion: another live node's that absorbed it itself
+        return any(m != n.id and not copy(m) for _, m in direct.get(i, ()))
 
     found: set[int] = set()
     seen: set[int] = {n.id}
-    todo = [(i, 1) for i in n.absorbed]
+    todo = [(i, 1) for i in first]
     while todo:
         i, depth = todo.pop()
-        if i in seen or (live is not None and i in live) or copy(i) or nearer(i, depth):
+        if i in seen or (live is not None and i in live) or copy(i) or (depth > 1 and nearer(i)):
             continue
         seen.add(i)
         if i in onnx_nodes:
@@ -109,21 +107,6 @@ def onnx_claims(n: Node, onnx_nodes: Mapping[int, tuple[str, str, str]] | None, 
         elif versions is not None and i in versions:
             todo += [(j, depth + 1) for j in versions[i].absorbed]
     return found
-
-
-_DIRECT: DigestCache[dict[int, list[tuple[int, int]]]] = DigestCache(limit=8)
-
-
-def _direct(g: Graph) -> dict[int, list[tuple[int, int]]]:
-    """Each id a node of `g` absorbed -> `(length of its list, its id)` of each such node; once per graph."""
-    def index() -> dict[int, list[tuple[int, int]]]:
-        out: dict[int, list[tuple[int, int]]] = {}
-        for m in g:
-            for i in m.absorbed:
-                out.setdefault(i, []).append((len(m.absorbed), m.id))
-        return out
-
-    return _DIRECT.get_or_compute(g, index)
 
 
 def onnx_markdown(rep: Mapping[str, Any]) -> str:

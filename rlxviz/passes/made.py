@@ -5,10 +5,13 @@ match made are no second home for them: an operand the product reads (the mask `
 casts for its `attention`, the half tables of a `rope`), or a view of the product's result in the old layout (the
 heads `rope_heads` re-splits). `made_beside` names each by the product it was made for, e.g.
 "made by fuse_sdpa.hf_attention beside attention %309 (the mask operand)", so no such node claims the match's list.
+`replaced` reads what each node of a version replaced itself: the one count of "absorbed N" for drawings, the
+inspector, the search index and the Model Explorer export.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from ..ir import Graph, Node
@@ -100,23 +103,75 @@ def _joined(names: list[str]) -> str:
     return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
 
 
-def holders(graph: Graph) -> list[Node]:
-    """The nodes of `graph` that hold what a rewrite absorbed: the one reading of "whose list is `Node.absorbed`" for
-    the app's search (`app.graphpane.absorbed_index`) and the Model Explorer export (`viz.model_explorer`). A rewrite
-    that makes several nodes gives each the whole match's list (`fuse_sdpa` on an ONNX export: a mask reshape, a cast
-    and the attention op, each "absorbed 14 node(s)"; `fuse_attention_block.qkv_columns`: the packed projection, its
-    narrows and ropes beside the attention), so of the nodes sharing one list only those none of the others reads hold
-    it: the attention op, not the reshape that feeds it (the search said "softmax: absorbed into reshape %122"; the
-    export said gpt-neox's k rope absorbed the Q/K/V matmuls)."""
-    groups: dict[tuple[int, ...], list[Node]] = {}
-    for n in graph:
-        if n.absorbed:
-            groups.setdefault(n.absorbed, []).append(n)
-    keep: set[int] = set()
-    for made in groups.values():
-        read = {i for m in made for i in m.inputs}
-        keep |= {m.id for m in made if m.id not in read} or {m.id for m in made}
-    return [n for n in graph if n.id in keep]  # in graph order
+def is_copy(i: int, beside: Mapping[int, Beside], *graphs: Graph | None) -> bool:
+    """Whether node `i` was made beside a match's product (`beside`: `made_in_run`, else `made_beside`) holding the
+    product's list as it is (`fuse_attention_block`'s bias expands, `rope_heads`' heads view): such a node replaced
+    nothing itself. The lists are read in the first of `graphs` holding both nodes (the version drawn, then every node
+    of the run); where none does, a node made beside a product is taken as a copy."""
+    b = beside.get(i)
+    if b is None:
+        return False
+    for g in graphs:
+        if g is not None and i in g and b.product in g:
+            return g[i].absorbed == g[b.product].absorbed
+    return True
+
+
+def replaced(n: Node, live: Graph, beside: Mapping[int, Beside], versions: Graph | None = None) -> tuple[int, ...]:
+    """The ids of `n.absorbed` that `n` itself replaced, as its version `live` shows it: the one reading of a node's
+    "absorbed N" for drawing labels and tooltips (`viz.dot`), the inspector's `replacing` and its ONNX provenance
+    (`app.onnxorigin.onnx_claims`, the first level of its walk). The rewriter gives every node a match makes the
+    match's whole list (llama's two bias `expand`s and its FusedAttentionBlock each said "absorbed 8"), so a node
+    of `n.absorbed` is left out when
+    * `n` is a copy (`is_copy`): made beside a product, holding the product's list: () for it;
+    * it is still live in `live` (absorbed by a match but kept for another reader): not replaced;
+    * another live node of `live` that is no copy absorbed it in a shorter list: the nearer one replaced it
+      (`qkv_columns`' new rope the old rope, `fuse_swiglu.dual_matmul`'s packed matmul its MatMuls,
+      `fuse_shared_input_matmul`'s merged bias add the adds); of two such lists of one length, the later node's
+      (a match's product is made after what it reads).
+    So no id is replaced by two live nodes of a version, and a match's nodes together replace the nodes it removed.
+
+    Args:
+        n: a node of `live`.
+        live: the version shown.
+        beside: node id -> what a node a match made beside its product is (`made_in_run`; `made_beside` of the step
+            that made `live` when there is no trace).
+        versions: every node of the run (`viz.overlay.all_versions`), to read a copy's product gone from `live`.
+
+    Returns:
+        The ids in `n.absorbed`'s order (ids of earlier versions, not of `live`).
+    """
+    if not n.absorbed or is_copy(n.id, beside, live, versions):
+        return ()
+    direct, order = absorbers(live), _order(live)
+    mine = (len(n.absorbed), order.get(n.id, -1))
+
+    def nearer(i: int) -> bool:  # a shorter list, or one as long made later, of a node that is no copy
+        return any(m != n.id and (size, -order.get(m, -1)) < (mine[0], -mine[1])
+                   and not is_copy(m, beside, live, versions) for size, m in direct.get(i, ()))
+
+    return tuple(i for i in n.absorbed if i not in live and not nearer(i))
+
+
+_ABSORBERS: DigestCache[dict[int, list[tuple[int, int]]]] = DigestCache(limit=8)
+_ORDER: DigestCache[dict[int, int]] = DigestCache(limit=8)
+
+
+def absorbers(g: Graph) -> dict[int, list[tuple[int, int]]]:
+    """Each id a node of `g` absorbed -> `(length of its list, its id)` of each such node; once per graph."""
+    def index() -> dict[int, list[tuple[int, int]]]:
+        out: dict[int, list[tuple[int, int]]] = {}
+        for m in g:
+            for i in m.absorbed:
+                out.setdefault(i, []).append((len(m.absorbed), m.id))
+        return out
+
+    return _ABSORBERS.get_or_compute(g, index)
+
+
+def _order(g: Graph) -> dict[int, int]:
+    """Each node id of `g` -> its place in `g`'s order; once per graph."""
+    return _ORDER.get_or_compute(g, lambda: {n.id: k for k, n in enumerate(g)})
 
 
 _RUN: DigestCache[dict[int, Beside]] = DigestCache(limit=4)

@@ -87,7 +87,7 @@ def _why(trace: Trace, layer: int | None, i: int) -> tuple[Graph, Overlay | None
     step = trace.steps[i - 1] if i > 0 else None
     if step is None:
         return trace.input, None
-    ov = Overlay.after(step)
+    ov = Overlay.after(step, trace)
     return step.after, replace(ov, title=layer_changes(step, layer)) if layer is not None else ov
 
 
@@ -239,7 +239,7 @@ def picture(source: Trace | Graph, v: View, heat: Heat = ()) -> tuple[Graph, Ove
             g, ov = step.before, Overlay.before(step).worded_by(trace, step)
             ov = layer_caption(ov, trace, step, v.focus) if v.focus is not None else ov
         else:
-            g, ov = step.after, Overlay.after(step)
+            g, ov = step.after, Overlay.after(step, trace)
             ov = replace(ov, title=layer_changes(step, v.focus)) if v.focus is not None else ov
             if v.view == "layers":  # its boxes say what the pass that made it found, as its before pane does
                 kw_refusals = Overlay.before(step).worded_by(trace, step)

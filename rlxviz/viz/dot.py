@@ -26,6 +26,7 @@ from ..ir import Graph, Node, Op, operand_roles
 from ..ir.ops import FUSED
 from ..ir.printer import format_value
 from ..ir.text import shown
+from ..passes.made import replaced
 from ..passes.trace import Rejection, layer_label, layer_of, whose_place
 from . import styles as st
 from .heat import UNCOLOURED, readable_on, text_color
@@ -344,6 +345,10 @@ class _Drawer:
                 by.setdefault(name, (color, {}))[1][f"%{a}"] = None
         return [(name, color, "@ " + ", ".join(at)) for name, (color, at) in by.items()]
 
+    def _replaced(self, n: Node) -> tuple[int, ...]:
+        """The ids `n` itself replaced (`passes.made.replaced`; a ghost of an older version: its list)."""
+        return replaced(n, self.g, self.ov.made, self.ov.origin) if n.id in self.g else n.absorbed
+
     def _label(self, n: Node) -> str:
         lines = []
         fg = self._label_colors(n)
@@ -360,16 +365,15 @@ class _Drawer:
         if attrs and n.op not in (Op.INPUT, Op.PARAM):
             lines.append(_small(attrs, fg("#222222"), 9))
         lines += self._folded_lines(n, fg)
-        made = self.ov.made.get(n.id)
+        made, own = self.ov.made.get(n.id), self._replaced(n)
         if made is not None:  # made beside a match's product: says for which, never the product's absorbed list
             lines += [_small(s, fg("#1b5e20")) for s in _wrap(made.words)[:3]]
-        elif n.op in FUSED or n.absorbed:
-            if n.pass_name:
-                lines.append(_small(f"by {n.pass_name}", fg("#1b5e20")))
-            if n.absorbed:
-                ops = _op_summary(n.absorbed, self.ov.origin)
-                summary = f"absorbed {len(n.absorbed)} node(s)" + (f": {ops}" if ops else "")
-                lines += [_small(s, fg("#1b5e20")) for s in _wrap(summary)[:3]]
+        elif (n.op in FUSED or n.absorbed) and n.pass_name:
+            lines.append(_small(f"by {n.pass_name}", fg("#1b5e20")))
+        if own:  # what it replaced itself (`passes.made.replaced`), as the inspector counts it
+            ops = _op_summary(own, self.ov.origin)
+            summary = f"absorbed {len(own)} node(s)" + (f": {ops}" if ops else "")
+            lines += [_small(s, fg("#1b5e20")) for s in _wrap(summary)[:3]]
         for note, color in self.notes.get(n.id, []):
             lines.append(f'<FONT COLOR="{fg(color)}" POINT-SIZE="9"><B>{_e(note)}</B></FONT>')
         if n.id in self.ghosts:
@@ -395,9 +399,9 @@ class _Drawer:
             parts.append(f"created by: {n.pass_name}")
         if n.id in self.ov.made:
             parts.append(self.ov.made[n.id].words)
-        elif n.absorbed:
-            parts.append(f"absorbed: {' '.join(f'%{i}' for i in n.absorbed)}")
-            ops = _op_summary(n.absorbed, self.ov.origin)
+        if own := self._replaced(n):
+            parts.append(f"absorbed: {' '.join(f'%{i}' for i in own)}")
+            ops = _op_summary(own, self.ov.origin)
             if ops:  # for the reader: op names, and the node's layer (the app's search reads `absorbed_index`)
                 layer = layer_of(n.path)
                 parts.append(f"absorbed ops: {ops}" + (f" — in {layer_label(layer)}" if layer is not None else ""))

@@ -8,8 +8,8 @@ returns; with `label` it is also one `GraphCollection`). Here:
 * one node per IR node (`id` = the IR id, `label` = the op), its `namespace` = the model path with `/`
   (`encoder/layer/0/attention`), so Model Explorer folds layers into groups as our viewer does;
 * attrs: the op's attributes, `shape`, `dtype`, `path`, the pass that made the node and the rule that
-  matched (`match`), the ids it absorbed where it holds its rewrite's list (`passes.made.holders`, as the app's
-  search reads it), else what it was made beside (`made`: `made by fuse_attention_block.qkv_columns beside attention
+  matched (`match`), the ids it replaced itself (`passes.made.replaced`, as the app's labels
+  and search read it), and what it was made beside (`made`: `made by fuse_attention_block.qkv_columns beside attention
   %237 (the k operand)`), and, on every node the app's drawing marks for a rejection (`overlay.marked_nodes`: its
   subject or anchor, and each node it names offending),
   `rejected` lines `rule: guard: message`, its `fix` and `compiler_fix` as `explain -v` words them (`fix_words`: at
@@ -36,13 +36,14 @@ from typing import Any
 
 from ..ir import Graph, operand_roles
 from ..ir.ops import FUSED
-from ..passes.made import Beside, holders, made_in_run
+from ..passes.made import Beside, made_in_run, replaced
 from ..passes.trace import Match, Rejection, Trace, whose_place
 from . import styles as st
 from .dot import FADED_MARK, GAP_MARK, NEAR_MISS_MARK
 from .overlay import (
     Followers,
     GapNames,
+    all_versions,
     follower_note,
     gap_caveats,
     gap_followers,
@@ -101,8 +102,8 @@ def graph_json(graph: Graph, matches: list[Match] | None = None, rejections: lis
                fixes: dict[tuple[str, int, str], tuple[str, str]] | None = None,
                marks: dict[tuple[str, int, str], tuple[str, str]] | None = None,
                gaps: dict[tuple[str, int], GapNames] | None = None,
-               made: dict[int, Beside] | None = None, lacks: dict[tuple[str, int], str] | None = None
-               ) -> dict[str, Any]:
+               made: dict[int, Beside] | None = None, lacks: dict[tuple[str, int], str] | None = None,
+               versions: Graph | None = None) -> dict[str, Any]:
     """One Model Explorer `Graph` dict for `graph`, annotated with the given matches and rejections.
 
     Args:
@@ -122,8 +123,11 @@ def graph_json(graph: Graph, matches: list[Match] | None = None, rejections: lis
         lacks: each place at a gap in rlxviz's ops -> the op forms it lacks as `explain`'s `rlxviz's ops lack:`
             lines name them (`place_lacks`, the verdict's `LayerVerdict.gaps`), put in `gaps_K` beside its line.
         made: node id -> what a node a match made beside its product is (`passes.made.made_in_run`): its `made`
-            attribute says so; only the product holds the match's `absorbed` list (`passes.made.holders`, the app's
-            search index), never a rope or narrow made beside it.
+            attribute says so; each node's `absorbed` attribute lists what it replaced itself
+            (`passes.made.replaced`, as the app's labels, inspector and search index read it): the product the
+            match's list, never a rope or narrow made beside it with that list.
+        versions: every node of the run (`overlay.all_versions`), to read a list made beside a product that `graph`
+            no longer holds.
 
     Each rejection marks the nodes the app's drawing marks for it (`overlay.marked_nodes`: its subject, else its
     anchor, then each node it names offending), its line's word followed by whose place it is where the node lies in
@@ -136,7 +140,7 @@ def graph_json(graph: Graph, matches: list[Match] | None = None, rejections: lis
         for i in marked_nodes(r, graph):
             if i in graph and r not in rejected[i]:
                 rejected[i].append(r)
-    holding, beside = {n.id for n in holders(graph)}, made or {}
+    beside = made or {}
     nodes = []
     for n in graph:
         attrs = [_kv(k, v) for k, v in n.attrs.items()]
@@ -145,9 +149,9 @@ def graph_json(graph: Graph, matches: list[Match] | None = None, rejections: lis
             attrs.append(_kv("made_by", n.pass_name))
         if n.id in by_fused:
             attrs.append(_kv("match", by_fused[n.id].rule))
-        if n.absorbed and n.id in holding:
-            attrs.append({"key": "absorbed", "value": {"type": "node_ids", "nodeIds": [str(i) for i in n.absorbed]}})
-        elif n.id in beside:
+        if own := replaced(n, graph, beside, versions):
+            attrs.append({"key": "absorbed", "value": {"type": "node_ids", "nodeIds": [str(i) for i in own]}})
+        if n.id in beside:
             attrs.append(_kv("made", beside[n.id].words))
         border = None
         for k, r in enumerate(rejected.get(n.id, ())):
@@ -233,7 +237,7 @@ def trace_json(trace: Trace, versions: str = "all") -> dict[str, Any]:
     fixes: dict[tuple[str, int, str], tuple[str, str]] = {}  # the fix lines, framed as `explain -v` frames them
     marks = {k: follower_marks(trace, k, at) for k, at in groups.items()}  # no gap itself: the drawing's words
     gaps = {k: gap_names(trace, trace.steps[k], at) for k, at in groups.items()}  # each gap a place ran into
-    made = made_in_run(trace)  # a node made beside a product: not the holder of its list
+    made, every = made_in_run(trace), all_versions(trace)  # a node made beside a product: not the holder of its list
     lacks = place_lacks(trace) if any(is_gap(g) for at in groups.values() for g in at.values()) else {}
     for k, at in groups.items():
         caveats = gap_caveats(trace, trace.steps[k], at)  # the △ mark's, on its place's headline refusal
@@ -244,16 +248,16 @@ def trace_json(trace: Trace, versions: str = "all") -> dict[str, Any]:
         every = [r for s in trace.steps for r in worded(trace, s)]  # as explain words them
         graphs.append(graph_json(trace.final, trace.matches, every, f"{name}: final", run_groups(trace), fixes,
                                  {key: w for m in marks.values() for key, w in m.items()},
-                                 {pl: names for g in gaps.values() for pl, names in g.items()}, made, lacks))
+                                 {pl: names for g in gaps.values() for pl, names in g.items()}, made, lacks, every))
     else:
-        graphs.append(graph_json(trace.input, [], [], f"{name}: 0 input", made=made))
+        graphs.append(graph_json(trace.input, [], [], f"{name}: 0 input", made=made, versions=every))
         so_far: list[Match] = []
         for k, s in enumerate(trace.steps, 1):
             so_far += s.matches
             if s.changed or s.rejections:
                 graphs.append(graph_json(s.after, so_far, list(worded(trace, s)), f"{name}: {k} {s.pass_name}",
                                          groups.get(k - 1, {}), fixes, marks.get(k - 1, {}), gaps.get(k - 1, {}),
-                                         made, lacks))
+                                         made, lacks, every))
     return {"label": name, "graphs": graphs}
 
 
