@@ -132,10 +132,11 @@ def _call(fn: Callable[..., Any], args: tuple, kwargs: dict, extra_address: int,
 
 def serve() -> None:
     """(The child's main, in a fork of the zygote or a fresh interpreter) import `PRELOAD` (a fork has them
-    already), read one pickled request `(fn, args, kwargs, extra_address, cpu_s)` from stdin, write the pickled
-    `_call` outcome to the original stdout, and exit at once (`os._exit`: the parent waits for the exit, so the
-    interpreter's teardown is not run). An empty stdin (a spare never used, or the
-    parent gone) exits at once."""
+    already), read one pickled request `(fn, args, kwargs, extra_address, cpu_s, environment, folder)` from stdin,
+    take the caller's environment variables and working folder (as they are now: the spare, or the zygote, started
+    before), write the pickled `_call` outcome to the original stdout, and exit at once (`os._exit`: the parent
+    waits for the exit, so the interpreter's teardown is not run). An empty stdin (a spare never used, or the parent
+    gone) exits at once."""
     out = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # what the loaded code prints goes to stderr, never into the reply
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C stops the parent, which kills the child
@@ -144,7 +145,12 @@ def serve() -> None:
     raw = sys.stdin.buffer.read()
     if not raw:
         return
-    outcome = _call(*pickle.loads(raw))
+    *call, env, folder = pickle.loads(raw)
+    os.environ.clear()  # the caller's, now (a spare was started, or its zygote forked, before any change)
+    os.environ.update(env)
+    with contextlib.suppress(OSError):
+        os.chdir(folder)
+    outcome = _call(*call)
     buffers: list[pickle.PickleBuffer] = []
     try:
         reply = pickle.dumps(outcome, protocol=5, buffer_callback=buffers.append)
@@ -397,7 +403,8 @@ def run_isolated(fn: Callable[..., T], *args: Any, timeout_s: float | None = LOA
         becomes SessionError or RuntimeError with its name and first line).
     """
     extra = 0 if max_bytes is None else ADDRESS_FACTOR * max_bytes + ADDRESS_SLACK_BYTES
-    request = pickle.dumps((fn, args, kwargs, extra, timeout_s), protocol=pickle.HIGHEST_PROTOCOL)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    request = pickle.dumps((fn, args, kwargs, extra, timeout_s, env, os.getcwd()), protocol=pickle.HIGHEST_PROTOCOL)
     if timeout_s is None and wall_s is None:
         raise ValueError("run_isolated needs a CPU-time or a wall-time limit")
     over_cpu = ("" if timeout_s is None
