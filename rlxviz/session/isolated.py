@@ -346,10 +346,17 @@ def spare_ready() -> None:
     start-up, so that its first load does not wait for the imports)."""
     global _SPARE
     with _SPARE_LOCK:
-        if _SPARE is None or _SPARE[0] != _environment() or _SPARE[1].poll() is not None:
-            if _SPARE is not None:
-                stop(_SPARE[1])
-            _SPARE = (_environment(), _start())
+        if _SPARE is not None and _SPARE[0] == _environment() and _SPARE[1].poll() is None:
+            return
+        old, _SPARE = _SPARE, None
+    if old is not None:
+        stop(old[1])
+    new: tuple | None = (_environment(), _start())  # not under the lock: a new zygote's imports take seconds
+    with _SPARE_LOCK:
+        if _SPARE is None:
+            _SPARE, new = new, None
+    if new is not None:  # another thread made one meanwhile
+        stop(new[1])
 
 
 def _refill() -> None:
