@@ -22,9 +22,11 @@ Python's (checked before each fork) and no lock is held while it forks. The nati
 MLX is never imported here: a timing job imports it in the child, after the fork. What is not as in a fresh
 interpreter: a module that read an environment variable at import read the zygote's, from its start.
 
-Measured (benchmarks/bench_isolated_start.py, 10 back-to-back `load_isolated` calls of a 5 KB ONNX file, each a new
-copy so that the cache misses, on a 2-core AMD EPYC that other jobs loaded): a fresh interpreter per child took
-SEE_REPORT; a fork of the zygote took SEE_REPORT.
+Measured (benchmarks/bench_isolated_start.py: 10 back-to-back `load_isolated` calls of esm.qdyn.onnx, 299 KB, each
+a new copy so that the cache misses, from cold; a 2-core AMD EPYC that other helpers' jobs loaded, load average
+1-5): a fresh interpreter per child (before) 18.8 s wall and 20.6 s of the children's CPU, ~1.9 s a call; forks of
+the zygote 3.5 s wall and 3.7 s of CPU (the zygote's imports, once, included), ~180 ms a call after the first, of
+which the load itself is ~125 ms in process. A fork takes ~5 ms; a call that does nothing ~15 ms.
 
 Example:
     >>> zygote = ForkServer("rlxviz.session.isolated.serve", ("numpy",))   # doctest: +SKIP
