@@ -89,3 +89,24 @@ def slow_teardown(value: int, seconds: float = 600.0) -> int:
 
     atexit.register(time.sleep, seconds)
     return value
+
+
+def parent_pid() -> int:
+    """The calling process's parent pid (a child's: the zygote it was forked from, or the server)."""
+    return os.getppid()
+
+
+def environment(name: str) -> tuple[str | None, str]:
+    """The environment variable `name` and the working folder, as this process sees them."""
+    return os.environ.get(name), os.getcwd()
+
+
+def spin_ignoring_xcpu(seconds: float) -> float:
+    """`spin(seconds)` with SIGXCPU ignored and the CPU-time hard limit 1 s past the soft one: a load in native code
+    that never returns to Python, which the kernel ends with SIGKILL at the hard limit."""
+    import resource
+
+    signal.signal(signal.SIGXCPU, signal.SIG_IGN)
+    soft, _ = resource.getrlimit(resource.RLIMIT_CPU)
+    resource.setrlimit(resource.RLIMIT_CPU, (soft, soft + 1))
+    return spin(seconds)

@@ -8,8 +8,9 @@ Two kinds of child, one set of limits:
   lint's host node checks: ONNX's native shape inference, which a hostile file can crash). It shares the parent's
   memory copy-on-write, writes nothing to the terminal, and is killed past its wall time; `cpu_s` caps its CPU
   time too (`RLIMIT_CPU`, no core dump). A failure is a `ForkedFailure` (the signal, or that it timed out).
-* **A fresh interpreter** (`spawn`): a user's load or a timing job (`session.isolated.run_isolated`, which
-  speaks the pickled request/reply protocol over its stdin/stdout). Started from one long-lived thread
+* **A fresh interpreter** (`spawn`): the fork server's zygote (`ir.forkserver`), whose forks run a user's load or
+  a timing job (`session.isolated.run_isolated`, which speaks the pickled request/reply protocol over the child's
+  stdin/stdout), or such a child itself where the zygote cannot fork. Started from one long-lived thread
   (`_SPAWNER`), it asks the kernel first to kill it when the parent dies (`PR_SET_PDEATHSIG`), before any import.
 
 The limits, for either kind:
@@ -240,17 +241,18 @@ _SPAWNER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rlxviz-spawner"
 the child ends, so a child started from a short-lived thread (the server's warm-up) would be killed with it."""
 
 
-def _popen(main: str) -> subprocess.Popen:
+def _popen(main: str, pass_fds: tuple[int, ...], pipes: bool) -> subprocess.Popen:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p), **{_PARENT_ENV: str(os.getpid())})
-    return subprocess.Popen([sys.executable, "-c", _PROLOGUE + main], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            env=env, close_fds=True)
+    io = subprocess.PIPE if pipes else subprocess.DEVNULL
+    return subprocess.Popen([sys.executable, "-c", _PROLOGUE + main], stdin=io, stdout=io, env=env, close_fds=True,
+                            pass_fds=pass_fds)
 
 
-def spawn(main: str) -> subprocess.Popen:
+def spawn(main: str, pass_fds: tuple[int, ...] = (), pipes: bool = True) -> subprocess.Popen:
     """A fresh interpreter (`python -c`, not a fork: none of this process's threads or locks) that runs the
-    statements `main` after `_PROLOGUE`, with this process's import path, its stdin and stdout pipes to the caller;
-    started from `_SPAWNER`'s thread."""
-    return _SPAWNER.submit(_popen, main).result()
+    statements `main` after `_PROLOGUE`, with this process's import path, its stdin and stdout pipes to the caller
+    (`pipes`; else both /dev/null) and the fds `pass_fds` left open; started from `_SPAWNER`'s thread."""
+    return _SPAWNER.submit(_popen, main, tuple(pass_fds), pipes).result()
 
 
 def stop(proc: subprocess.Popen) -> None:

@@ -8,9 +8,13 @@ not refuse a good file, as a wall-clock limit did) or, as a backstop, past `WALL
 stopped or starved child), and its memory is capped by the kernel (`RLIMIT_AS`), so one upload never stalls or
 starves another session.
 
-Each call has its own child: a fresh interpreter (`python -c`, not a fork of the server: none of its threads or
-locks), which imports the loader's modules (`PRELOAD`) and waits for one request on its stdin. One such child is
-kept started as a spare, so that a load does not wait for the imports (`spare_ready`). The child runs
+Each call has its own child: a fork of the zygote (`ir.forkserver`), a fresh interpreter that imported the loader's
+modules (`PRELOAD`) once and forks a child per call in milliseconds; the child waits for one request on its stdin.
+Not a fork of the server: the server has threads (Bokeh's, the sessions', the spawner) and their locks, which a fork
+would copy held; the zygote has one thread, and no lock is held when it forks. Where the zygote cannot fork (it
+did not start, or died), a call's child is a fresh interpreter (`python -c`) as before, paying the imports (~2.9 s
+of CPU on a 2-core AMD EPYC). One child is kept forked as a spare (`spare_ready`; the server starts the zygote and
+the spare at its start, so that its first load does not wait for the imports). The child runs
 `loading.load` (its own budget checks included: `Limits.check`, the importer's bounds) and writes the `Model`
 back pickled on a pipe of its own (its stdout; anything the loaded code prints goes to stderr). Pickling is
 exact: the graph's text (`format_graph`), node for node equality, weights (values and dtypes), meta, and the host
@@ -51,6 +55,7 @@ from ..ir.bounded import (
     spawn,
     stop,
 )
+from ..ir.forkserver import Forked, ForkServer, ForkServerError
 from ..models import PRESETS, Model
 from .defaults import DEFAULT_BATCH, DEFAULT_SEQ
 from .errors import SessionError, StoppedError
@@ -75,7 +80,15 @@ PRELOAD = ("numpy", "onnx", "onnx.reference", "rlxviz.session.loading", "rlxviz.
 """Modules a child imports before it reads its request."""
 
 _MAIN = "from rlxviz.session import isolated; isolated.serve()"
-"""The child's program after `bounded.spawn`'s prologue (which makes the kernel kill it when the server dies)."""
+"""A fresh child's program after `bounded.spawn`'s prologue (which makes the kernel kill it when the server dies)."""
+_TARGET = "rlxviz.session.isolated.serve"
+"""What a child forked from the zygote runs (the zygote imported it)."""
+
+USE_FORK_SERVER = True
+"""Children are forks of the zygote (False: a fresh interpreter each, as before; benchmarks/bench_isolated_start.py
+compares the two)."""
+_ZYGOTE: ForkServer | None = None
+_ZYGOTE_LOCK = threading.Lock()
 _SPARE: tuple[tuple, subprocess.Popen] | None = None
 _SPARE_LOCK = threading.Lock()
 _RUNNING: set[subprocess.Popen] = set()
@@ -118,10 +131,12 @@ def _call(fn: Callable[..., Any], args: tuple, kwargs: dict, extra_address: int,
 
 
 def serve() -> None:
-    """(The child's main) import `PRELOAD`, read one pickled request `(fn, args, kwargs, extra_address)` from
-    stdin, write the pickled `_call` outcome to the original stdout, and exit at once (`os._exit`: the parent
-    waits for the exit, so the interpreter's teardown is not run). An empty stdin (a spare never used, or the
-    parent gone) exits at once."""
+    """(The child's main, in a fork of the zygote or a fresh interpreter) import `PRELOAD` (a fork has them
+    already), read one pickled request `(fn, args, kwargs, extra_address, cpu_s, environment, folder)` from stdin,
+    take the caller's environment variables and working folder (as they are now: the spare, or the zygote, started
+    before), write the pickled `_call` outcome to the original stdout, and exit at once (`os._exit`: the parent
+    waits for the exit, so the interpreter's teardown is not run). An empty stdin (a spare never used, or the parent
+    gone) exits at once."""
     out = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # what the loaded code prints goes to stderr, never into the reply
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C stops the parent, which kills the child
@@ -130,7 +145,12 @@ def serve() -> None:
     raw = sys.stdin.buffer.read()
     if not raw:
         return
-    outcome = _call(*pickle.loads(raw))
+    *call, env, folder = pickle.loads(raw)
+    os.environ.clear()  # the caller's, now (a spare was started, or its zygote forked, before any change)
+    os.environ.update(env)
+    with contextlib.suppress(OSError):
+        os.chdir(folder)
+    outcome = _call(*call)
     buffers: list[pickle.PickleBuffer] = []
     try:
         reply = pickle.dumps(outcome, protocol=5, buffer_callback=buffers.append)
@@ -251,12 +271,41 @@ def _environment() -> tuple:
     return (sys.executable, frozenset(p for p in sys.path if p))
 
 
-def _start() -> subprocess.Popen:
-    """A new child (`bounded.spawn`: started from its one spawner thread, killed when this process dies)."""
+def _zygote() -> ForkServer:
+    """The zygote for this environment (`_environment`): the running one, else a new one. A zygote of another
+    environment is retired: it is stopped once the children it serves have exited (a zygote's children die with
+    it)."""
+    global _ZYGOTE
+    with _ZYGOTE_LOCK:
+        z = _ZYGOTE
+        if z is None or z.key != _environment() or not z.alive():
+            if z is not None:
+                z.retire()
+            _ZYGOTE = z = ForkServer(_TARGET, PRELOAD, _environment())
+        return z
+
+
+def _start() -> subprocess.Popen | Forked:
+    """A new child: a fork of the zygote (started first if needed), or, where that fails, a fresh interpreter
+    (`bounded.spawn`: started from its one spawner thread, killed when this process dies)."""
+    if USE_FORK_SERVER:
+        try:
+            return _zygote().fork()
+        except ForkServerError:
+            pass
     return spawn(_MAIN)
 
 
-def _take() -> subprocess.Popen:
+def _stop_zygote() -> None:
+    """Stop the zygote; its children die with it."""
+    global _ZYGOTE
+    with _ZYGOTE_LOCK:
+        z, _ZYGOTE = _ZYGOTE, None
+    if z is not None:
+        z.stop()
+
+
+def _take() -> subprocess.Popen | Forked:
     """The spare child if it is alive and shares this environment, else a new child. The spare is taken, not
     replaced: `run_isolated` starts the next one after its load (a spare's imports would compete with the load)."""
     global _SPARE
@@ -271,12 +320,14 @@ def _take() -> subprocess.Popen:
 
 @atexit.register
 def shutdown() -> None:
-    """Stop the spare child (the next call starts a new one)."""
+    """Stop the spare child and the zygote, and with it every child forked from it (the next call starts new
+    ones)."""
     global _SPARE
     with _SPARE_LOCK:
         spare, _SPARE = _SPARE, None
     if spare is not None:
         stop(spare[1])
+    _stop_zygote()
 
 
 def stop_children() -> None:
@@ -291,14 +342,30 @@ def stop_children() -> None:
 
 
 def spare_ready() -> None:
-    """Start the spare child now (a server calls this at start-up, so that its first load does not wait for the
-    imports)."""
+    """Start the spare child now, and the zygote first where none serves this environment (a server calls this at
+    start-up, so that its first load does not wait for the imports)."""
     global _SPARE
     with _SPARE_LOCK:
-        if _SPARE is None or _SPARE[0] != _environment() or _SPARE[1].poll() is not None:
-            if _SPARE is not None:
-                stop(_SPARE[1])
-            _SPARE = (_environment(), _start())
+        if _SPARE is not None and _SPARE[0] == _environment() and _SPARE[1].poll() is None:
+            return
+        old, _SPARE = _SPARE, None
+    if old is not None:
+        stop(old[1])
+    new: tuple | None = (_environment(), _start())  # not under the lock: a new zygote's imports take seconds
+    with _SPARE_LOCK:
+        if _SPARE is None:
+            _SPARE, new = new, None
+    if new is not None:  # another thread made one meanwhile
+        stop(new[1])
+
+
+def _refill() -> None:
+    """After a call: a new spare, forked at once where the zygote serves this environment (else the next call
+    starts the zygote: a call does not wait for its imports to return); a fresh interpreter without the fork
+    server."""
+    z = _ZYGOTE
+    if not USE_FORK_SERVER or (z is not None and z.alive() and z.key == _environment()):
+        spare_ready()
 
 
 @dataclass(frozen=True)
@@ -343,7 +410,8 @@ def run_isolated(fn: Callable[..., T], *args: Any, timeout_s: float | None = LOA
         becomes SessionError or RuntimeError with its name and first line).
     """
     extra = 0 if max_bytes is None else ADDRESS_FACTOR * max_bytes + ADDRESS_SLACK_BYTES
-    request = pickle.dumps((fn, args, kwargs, extra, timeout_s), protocol=pickle.HIGHEST_PROTOCOL)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    request = pickle.dumps((fn, args, kwargs, extra, timeout_s, env, os.getcwd()), protocol=pickle.HIGHEST_PROTOCOL)
     if timeout_s is None and wall_s is None:
         raise ValueError("run_isolated needs a CPU-time or a wall-time limit")
     over_cpu = ("" if timeout_s is None
@@ -364,11 +432,11 @@ def run_isolated(fn: Callable[..., T], *args: Any, timeout_s: float | None = LOA
         with _SPARE_LOCK:
             _RUNNING.discard(proc)
         stop(proc)
-        spare_ready()
+        _refill()
     if outcome is None:
-        code = proc.returncode
-        if timeout_s is not None and (code == -signal.SIGXCPU
-                                      or (code == -signal.SIGKILL and children_cpu() - cpu0 >= timeout_s)):
+        code = proc.returncode  # a fork's CPU time is its own, from the zygote (children_cpu counts only our children)
+        used = (proc.cpu_s or 0.0) if isinstance(proc, Forked) else children_cpu() - cpu0
+        if timeout_s is not None and (code == -signal.SIGXCPU or (code == -signal.SIGKILL and used >= timeout_s)):
             raise StoppedError(over_cpu)  # SIGKILL: the hard limit, native code never returned to Python
         how = (f"signal {signal.Signals(-code).name}" if code < 0 and -code in signal.Signals._value2member_map_
                else f"exit {code}")
