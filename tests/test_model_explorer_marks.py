@@ -23,7 +23,7 @@ from test_near_miss_rule import trace_of
 
 from rlxviz.app.graphpane import absorbed_index
 from rlxviz.passes import Trace
-from rlxviz.passes.made import made_in_run, replaced
+from rlxviz.passes.made import made_in_run, made_words, replaced
 from rlxviz.passes.trace import whose_place
 from rlxviz.passes.why.verdict import RunVerdict
 from rlxviz.viz import Overlay
@@ -171,6 +171,6 @@ def test_each_absorbed_list_is_on_the_node_that_holds_it(path, versions):
             else:
                 assert "absorbed" not in a, (eg["id"], node.id, node.op.value, a.get("absorbed"))
                 if node.absorbed and node.id in made:
-                    assert a["made"] == made[node.id].words
+                    assert a["made"] == made_words(node.id, g, made, every)  # where a gone product went
                 assert not replaced(node, g, made, every), (eg["id"], node.id)
     assert checked

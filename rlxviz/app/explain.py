@@ -16,7 +16,7 @@ import numpy as np
 from ..ir import Graph, Node, Op, format_node, operand_roles
 from ..ir.ops import made_as
 from ..ir.printer import format_value
-from ..passes.made import made_in_run, replaced
+from ..passes.made import made_in_run, made_words, replaced
 from ..passes.pipeline import role_label
 from ..passes.placement import match_layer
 from ..passes.refusal_kinds import kind_words
@@ -205,7 +205,7 @@ def node_report(graph: Graph, node_id: int, trace: Trace | None = None,
         (one per decision of `trace` whose anchor, bindings, offending nodes or fused node is this node; messages
         and hints as `explain` words them, `report.in_context`: a "run P first" whose P ran says what P did), and
         `verdict`: the node's layer's verdict (`_verdict`); with `trace`, `made`: what a node a match made beside its
-        product is (`passes.made.Beside.words`, "" for any other node).
+        product is (`passes.made.made_words`, "" for any other node).
 
     Raises:
         KeyError: no such node in `graph`.
@@ -236,8 +236,7 @@ def node_report(graph: Graph, node_id: int, trace: Trace | None = None,
                               if onnx_domains else {})
     if trace is None:
         return report
-    made = beside.get(node_id)
-    report["made"] = made.words if made is not None else ""
+    report["made"] = made_words(node_id, graph, beside, versions)  # its product named in `graph` (`where_now`)
     report["decisions"] = node_decisions(trace, node_id)
     report["verdict"] = _verdict(trace, layer_of(n.path), verdict)
     return report

@@ -6,7 +6,9 @@ casts for its `attention`, the half tables of a `rope`), or a view of the produc
 heads `rope_heads` re-splits). `made_beside` names each by the product it was made for, e.g.
 "made by fuse_sdpa.hf_attention beside attention %309 (the mask operand)", so no such node claims the match's list.
 `replaced` reads what each node of a version replaced itself: the one count of "absorbed N" for drawings, the
-inspector, the search index and the Model Explorer export.
+inspector, the search index and the Model Explorer export. A version that lacks the product (a later pass absorbed
+it) names where it went, by the same lists the search follows (`holders`, `where_now`): "beside matmul %197 (the b
+operand; now in FusedAttentionBlock %210)", so no label names a node its version lacks as if it were there.
 """
 
 from __future__ import annotations
@@ -34,10 +36,23 @@ class Beside:
 
     @property
     def words(self) -> str:
-        """E.g. `made by fuse_sdpa.hf_attention beside attention %309 (the mask operand)`."""
+        """E.g. `made by fuse_sdpa.hf_attention beside attention %309 (the mask operand)`; in a version that lacks
+        the product, `made_words` says where it went."""
+        return self.said()[0]
+
+    def said(self, now: str = "") -> tuple[str, str, str, str]:
+        """Its wordings, whole first, then shorter for a label with little room (`viz.dot` takes the first that
+        fits its lines, so a label never ends inside a parenthesis): `words`, then without the rule (the tooltip
+        keeps it), then without what it is there, then neither. `now`: where the product went when the version
+        shown lacks it (`where_now`: `in FusedAttentionBlock %210`, `gone`), said in each, e.g.
+        `made beside matmul %197 (the b operand; now in FusedAttentionBlock %210)`."""
         where = "beside" if self.upstream else "after"
         also = f"; shared with {self.more} more" if self.more else ""
-        return f"made by {self.rule} {where} {self.op} %{self.product} ({self.what}{also})"
+        what, tail = f" ({self.what}{also}" + (f"; now {now})" if now else ")"), f" (now {now})" if now else ""
+        return (f"made by {self.rule} {where} {self.op} %{self.product}{what}",
+                f"made {where} {self.op} %{self.product}{what}",
+                f"made by {self.rule} {where} {self.op} %{self.product}{tail}",
+                f"made {where} {self.op} %{self.product}{tail}")
 
 
 def made_beside(step: PassStep) -> dict[int, Beside]:
@@ -187,3 +202,44 @@ def made_in_run(trace: Trace) -> dict[int, Beside]:
         return out
 
     return _RUN.get_or_compute(trace, every)
+
+
+def holders(live: Graph, beside: Mapping[int, Beside], versions: Graph | None = None) -> dict[int, int]:
+    """Each id a node of `live` holds at any depth -> that node's id: what it replaced itself (`replaced`), then
+    what those replaced in turn (their lists in `versions`, a copy's left out), as the search follows them
+    (`app.graphpane.absorbed_index`): matmul %197 -> FusedAttentionBlock %210 in llama's versions after
+    `fuse_attention_block`."""
+    out: dict[int, int] = {}
+    for n in live:
+        todo = list(replaced(n, live, beside, versions))
+        while todo:
+            i = todo.pop()
+            if i in out:
+                continue
+            out[i] = n.id
+            m = versions.get(i) if versions is not None else None
+            if m is not None and m.absorbed and not is_copy(i, beside, versions):
+                todo += m.absorbed
+    return out
+
+
+def where_now(b: Beside, live: Graph, held: Mapping[int, int]) -> str:
+    """Where product `b.product` is in version `live`: "" when it is live, `in OP %M` for the live node holding it
+    (`held`: `holders(live, ...)`), else `gone` (a label never names a node its version lacks as if it were there)."""
+    if b.product in live:
+        return ""
+    m = held.get(b.product)
+    return f"in {live[m].op.value} %{m}" if m is not None else "gone"
+
+
+def made_words(i: int, live: Graph, beside: Mapping[int, Beside], versions: Graph | None = None,
+               held: Mapping[int, int] | None = None) -> str:
+    """What node `i` of version `live` was made beside, whole (`Beside.said`), its product's place in `live` said
+    where it is gone (`where_now`); "" for a node made beside no product. `held`: `holders(live, ...)` when the
+    caller has it (computed here only for a product `live` lacks)."""
+    b = beside.get(i)
+    if b is None:
+        return ""
+    gone = b.product not in live
+    return b.said(where_now(b, live, holders(live, beside, versions) if gone and held is None else held or {})
+                  if gone else "")[0]

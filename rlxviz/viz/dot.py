@@ -19,6 +19,7 @@ import html
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from functools import cached_property
 
 import graphviz
 
@@ -26,7 +27,7 @@ from ..ir import Graph, Node, Op, operand_roles
 from ..ir.ops import FUSED
 from ..ir.printer import format_value
 from ..ir.text import shown
-from ..passes.made import replaced
+from ..passes.made import holders, replaced, where_now
 from ..passes.trace import Rejection, layer_label, layer_of, whose_place
 from . import styles as st
 from .heat import UNCOLOURED, readable_on, text_color
@@ -349,6 +350,15 @@ class _Drawer:
         """The ids `n` itself replaced (`passes.made.replaced`; a ghost of an older version: its list)."""
         return replaced(n, self.g, self.ov.made, self.ov.origin) if n.id in self.g else n.absorbed
 
+    @cached_property
+    def _held(self) -> dict[int, int]:
+        return holders(self.g, self.ov.made, self.ov.origin)  # where each absorbed id is now (`passes.made`)
+
+    def _made(self, n: Node) -> tuple[str, ...]:
+        """`Beside.said` of a node made beside a product, naming where a product gone from this version went."""
+        b = self.ov.made.get(n.id)
+        return () if b is None else b.said(where_now(b, self.g, self._held) if b.product not in self.g else "")
+
     def _label(self, n: Node) -> str:
         lines = []
         fg = self._label_colors(n)
@@ -365,9 +375,10 @@ class _Drawer:
         if attrs and n.op not in (Op.INPUT, Op.PARAM):
             lines.append(_small(attrs, fg("#222222"), 9))
         lines += self._folded_lines(n, fg)
-        made, own = self.ov.made.get(n.id), self._replaced(n)
-        if made is not None:  # made beside a match's product: says for which, never the product's absorbed list
-            lines += [_small(s, fg("#1b5e20")) for s in _wrap(made.words)[:3]]
+        made, own = self._made(n), self._replaced(n)
+        if made:  # made beside a match's product: for which, never its absorbed list; whole words in 3 lines
+            lines += [_small(s, fg("#1b5e20")) for s in _wrap(next((w for w in made if len(_wrap(w)) <= 3),
+                                                                   made[-1]))[:3]]
         elif (n.op in FUSED or n.absorbed) and n.pass_name:
             lines.append(_small(f"by {n.pass_name}", fg("#1b5e20")))
         if own:  # what it replaced itself (`passes.made.replaced`), as the inspector counts it
@@ -397,8 +408,8 @@ class _Drawer:
             parts.append(f"operands: {ops}")
         if n.pass_name:
             parts.append(f"created by: {n.pass_name}")
-        if n.id in self.ov.made:
-            parts.append(self.ov.made[n.id].words)
+        if made := self._made(n):
+            parts.append(made[0])
         if own := self._replaced(n):
             parts.append(f"absorbed: {' '.join(f'%{i}' for i in own)}")
             ops = _op_summary(own, self.ov.origin)

@@ -36,7 +36,7 @@ from typing import Any
 
 from ..ir import Graph, operand_roles
 from ..ir.ops import FUSED
-from ..passes.made import Beside, made_in_run, replaced
+from ..passes.made import Beside, holders, made_in_run, made_words, replaced
 from ..passes.trace import Match, Rejection, Trace, whose_place
 from . import styles as st
 from .dot import FADED_MARK, GAP_MARK, NEAR_MISS_MARK
@@ -141,6 +141,7 @@ def graph_json(graph: Graph, matches: list[Match] | None = None, rejections: lis
             if i in graph and r not in rejected[i]:
                 rejected[i].append(r)
     beside = made or {}
+    held = holders(graph, beside, versions)  # where a product gone from `graph` went (`passes.made.where_now`)
     nodes = []
     for n in graph:
         attrs = [_kv(k, v) for k, v in n.attrs.items()]
@@ -152,7 +153,7 @@ def graph_json(graph: Graph, matches: list[Match] | None = None, rejections: lis
         if own := replaced(n, graph, beside, versions):
             attrs.append({"key": "absorbed", "value": {"type": "node_ids", "nodeIds": [str(i) for i in own]}})
         if n.id in beside:
-            attrs.append(_kv("made", beside[n.id].words))
+            attrs.append(_kv("made", made_words(n.id, graph, beside, versions, held)))
         border = None
         for k, r in enumerate(rejected.get(n.id, ())):
             group = groups.get((r.rule, r.anchor))
@@ -245,8 +246,8 @@ def trace_json(trace: Trace, versions: str = "all") -> dict[str, Any]:
                                                          caveats.get((r.rule, r.anchor), "") if r.headline else "")
                   for r in worded(trace, trace.steps[k])}
     if versions == "final":
-        every = [r for s in trace.steps for r in worded(trace, s)]  # as explain words them
-        graphs.append(graph_json(trace.final, trace.matches, every, f"{name}: final", run_groups(trace), fixes,
+        said = [r for s in trace.steps for r in worded(trace, s)]  # as explain words them (`every` stays the nodes)
+        graphs.append(graph_json(trace.final, trace.matches, said, f"{name}: final", run_groups(trace), fixes,
                                  {key: w for m in marks.values() for key, w in m.items()},
                                  {pl: names for g in gaps.values() for pl, names in g.items()}, made, lacks, every))
     else:
