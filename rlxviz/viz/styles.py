@@ -99,7 +99,10 @@ BOX_FRAMES: dict[str, tuple[str, str, str]] = {
     "fused": (FUSED_INK, "solid", "2"), OP_GAP: (OP_GAP_INK, "solid", "2"), "rejected": (REJECT, "dashed", "2.5"),
     "not fused": (REJECT, "dashed", "2.5"), NOT_NEAR_MISS: (NOT_NEAR_MISS_INK, "dotted", "1.5")}
 """A layer box's frame by its tone (`layers.LayerGroup.tone`): (colour, line style, width in points); a tone not
-here has Graphviz's plain thin black frame. The one source of `viz.layers` and the legend (`box_legend`)."""
+here has Graphviz's plain thin black frame (`PLAIN_FRAME`). The one source of `viz.layers` and the legend
+(`box_legend`)."""
+PLAIN_FRAME = ("#000000", "solid", "1")
+"""The frame Graphviz draws a box of a tone not in `BOX_FRAMES` (its default: black, solid, 1 point)."""
 BOX_WORDS: dict[str, str] = {
     "fused": "fused, fused as far as legal: fused as the layer's kind expects",
     "partly fused": "partly fused: some fused op made, some op a fusion could take left",
@@ -115,11 +118,11 @@ BOX_WORDS: dict[str, str] = {
 
 def box_legend() -> list[tuple[str, str, str, str, str]]:
     """The layer boxes' legend: (tone, fill, frame colour, frame style, words) per `BOX_WORDS` row, the fill from
-    `STATUS_COLORS` and the frame from `BOX_FRAMES`, as `viz.layers` draws them; a frameless tone gets a thin grey
-    frame ("solid"). Raises nothing."""
+    `STATUS_COLORS` and the frame from `BOX_FRAMES`, as `viz.layers` draws them; a tone not there has Graphviz's
+    plain frame (`PLAIN_FRAME`). Raises nothing."""
     out = []
     for tone, words in BOX_WORDS.items():
-        colour, style, _ = BOX_FRAMES.get(tone, ("#9e9e9e", "solid", "1"))
+        colour, style, _ = BOX_FRAMES.get(tone, PLAIN_FRAME)
         out.append((tone, STATUS_COLORS.get(tone, PLAIN_BOX), colour, style, words))
     return out
 
