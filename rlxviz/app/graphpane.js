@@ -85,7 +85,7 @@ export function render({ model, el }) {
   const covers = (window.__rvMiniCovers = window.__rvMiniCovers || {});
   const miniGroup = () => model.sync || me;
   const cornerBox = (c, mw, mh) => { const W = wrap.clientWidth, H = wrap.clientHeight;
-    const ops = c === 'bl' && model.legend ? 28 : 0;  // above the folded "op colours" tag in that corner
+    const ops = c === 'bl' && model.legend ? 28 : 0;  // above the folded "op and layer-box colours" tag in that corner
     return [c[1] === 'l' ? MINI_GAP : W - MINI_GAP - mw, c[0] === 't' ? MINI_GAP + capH() : H - MINI_GAP - mh - ops, mw,
       mh]; };
   const overlap = (a, b) => Math.max(0, Math.min(a[0] + a[2], b[0] + b[2]) - Math.max(a[0], b[0]))

@@ -6,8 +6,9 @@ boxes (and the clusters of layers expanded in place) are `layer<i>` (`layer_<sta
 model), so a click on one reports the box's layer, and
 the next picture is centred on that layer. Pan with the mouse (drag), zoom with the wheel or
 the +/- buttons, "fit" to see the whole graph, "full" to lay the drawing over the whole window (its
-button, then "✕ close (Esc)", or Esc closes it; the page's header is hidden meanwhile). A folded "op colours" legend
-(`legend`) sits in the picture's lower left corner. The view (zoom and pan) is kept when the picture changes
+button, then "✕ close (Esc)", or Esc closes it; the page's header is hidden meanwhile). A folded "op and layer-box
+colours" legend (`legend`) sits in the picture's lower left corner. The view (zoom and pan) is kept when the picture
+changes
 within the same `scope` (stepping versions, clicking nodes) once the user moved it, and panes with the same
 `sync` group move together (before/after; a search or reveal centres the same node in both where both have
 it, else in the partner the fused node that absorbed it, else the partner's own search hit: each pane's hit stays in
@@ -48,7 +49,7 @@ from ..passes.placement import placed
 from ..passes.trace import Trace, layer_keys, layer_label, layer_of
 from ..viz import layer_groups
 from ..viz.overlay import all_versions
-from ..viz.styles import HIGHLIGHT_MARK, SEARCH_MARK, SELECTED_MARK, op_legend, search_key, tint
+from ..viz.styles import HIGHLIGHT_MARK, SEARCH_MARK, SELECTED_MARK, box_legend, op_legend, search_key, tint
 
 _HERE = Path(__file__).parent
 
@@ -70,12 +71,18 @@ the hit counter shows a swatch of the mark (the search's legend, `search_key`, i
 
 
 def ops_legend_html() -> str:
-    """The op colours' legend as `SvgGraph.legend` takes it: a folded "op colours" summary and one swatch per op
-    family (`viz.styles.op_legend`); the app's own words, escaped."""
+    """The colours' legend as `SvgGraph.legend` takes it: a folded "op and layer-box colours" summary, one swatch per
+    op family (`viz.styles.op_legend`), then one per look of a layer box in the layers view (`viz.styles.box_legend`:
+    its fill and frame, as `viz.layers` draws them, and the words the boxes print), so a gap box's indigo is not read
+    as the attention ops' lavender; the app's own words, escaped."""
     rows = "".join(f'<div class="rv-ops-row"><span class="rv-ops-sw" style="background:{html.escape(c)}"></span>'
                    f'<b>{html.escape(f)}</b> {html.escape(words)}</div>' for f, c, words in op_legend())
-    return (f'<summary title="what each node fill means">op colours</summary><div class="rv-ops-list">{rows}'
-            '<div class="rv-ops-row">other ops: a pale colour of their own</div></div>')
+    boxes = "".join(f'<div class="rv-ops-row" data-tone="{html.escape(tone)}"><span class="rv-ops-sw rv-box-sw" '
+                    f'style="background:{html.escape(fill)};border:2px {html.escape(line)} {html.escape(frame)}">'
+                    f'</span>{html.escape(words)}</div>' for tone, fill, frame, line, words in box_legend())
+    return ('<summary title="what each node fill and layer box colour means">op and layer-box colours</summary>'
+            f'<div class="rv-ops-list">{rows}<div class="rv-ops-row">other ops: a pale colour of their own</div>'
+            f'<div class="rv-ops-row"><b>layer boxes</b> (layers view):</div>{boxes}</div>')
 
 
 class SvgGraph(JSComponent):

@@ -207,9 +207,41 @@ def settled_verdicts(trace: Trace, g: Graph) -> dict[int, Verdict]:
     run's matches made (`Verdict.made`, from `why.facts.made_nodes`, the nodes the verdict lists)."""
     where = placed(trace)  # drawn where the run placed them (`final norm`, a layer), not by their path
     now, final = _layer_nodes(g, where), _layer_nodes(trace.final, where)
-    made = made_nodes(trace)
-    return {k: v if now[k] == final.get(k) else replace(v, settled=False, made=now[k] & made)
+    listed = listed_nodes(trace)
+    return {k: v if now[k] == final.get(k) else replace(v, settled=False, made=now[k] & listed.get(k, frozenset()))
             for k, v in verdicts(trace).items() if k in now}
+
+
+def listed_nodes(trace: Trace) -> dict[Layer | int, frozenset[int]]:
+    """Layer -> ids of the nodes the run's matches made (`made_nodes`) that a box's `at this version:` counts as
+    made: those its verdict lists (`LayerVerdict.done`, `LayerVerdict.rewritten`: `OP %ID (...)`, what `explain`'s
+    layer line, `-v`, `--json` and the Why tab say), and each rewrite's product (`_new_kind`: the packed `attention`,
+    a `rope`, a merged matmul, a `gelu` a later fusion absorbed, so the final verdict no longer lists it). The box
+    answers for its version, the verdict for the final graph; they differ only by what a later pass absorbed. A plain
+    op a rewrite re-made of the one op of its kind it took in (gpt-neox's `where` %170, the NaN guard
+    `canonicalize_exported.nan_guard_moved` moved, which a region later took in) is the model's op re-placed, not a
+    rewrite "as" anything: version 26 said `rewritten as attention, where` while every other view said `rewritten
+    as: attention %237`."""
+    made, new = made_nodes(trace), _new_kind(trace)
+    return {v.layer: frozenset(i for item in (*v.done, *v.rewritten)
+                               if (i := int(item.split(" %", 1)[1].split(" ", 1)[0].rstrip(")"))) in made) | new
+            for v in RunVerdict.of(trace).layers}
+
+
+def _new_kind(trace: Trace) -> frozenset[int]:
+    """Ids of the nodes the run's matches made (`Match.fused`) that are a rewrite's product: of an op the match bound
+    none of in the graph it ran on (`Match.bindings` in `PassStep.before`: a `rope`, the packed `attention`), or
+    several of (the merged matmul of `fuse_shared_input_matmul`), not the one op of its kind it re-made in place (a
+    `where` re-made by `canonicalize_exported.nan_guard_moved` or `where_bias`, a transpose `fuse_sdpa.head_layout`
+    re-laid)."""
+    out = set()
+    for s in trace.steps:
+        for m in s.matches:
+            if m.fused is not None and m.fused in s.after:
+                took = [s.before[i].op for i in m.bindings.values() if i in s.before]
+                if took.count(s.after[m.fused].op) != 1:
+                    out.add(m.fused)
+    return frozenset(out)
 
 
 def is_final(trace: Trace, version: int) -> bool:
@@ -287,4 +319,4 @@ def svg(source: Trace | Graph, v: View, heat: Heat = (), titled: bool = True) ->
 
 
 __all__ = ["Heat", "RENDERS", "SIDES", "VIEWS", "View", "caption", "dot", "is_final", "layer_caption", "layer_changes",
-           "picture", "settled_verdicts", "source_key", "svg", "verdicts"]
+           "listed_nodes", "picture", "settled_verdicts", "source_key", "svg", "verdicts"]

@@ -36,10 +36,10 @@ from .dot import DotOptions, GraphTooLarge, _Drawer, _e, _html, _small, _tip
 from .heat import UNCOLOURED
 from .overlay import GapNames, Overlay
 from .styles import (
+    BOX_FRAMES,
     NOT_NEAR_MISS,
-    NOT_NEAR_MISS_INK,
     OP_GAP,
-    OP_GAP_INK,
+    PLAIN_BOX,
     REJECT,
     STATUS_COLORS,
     fmt_shape,
@@ -232,6 +232,22 @@ def all_fused(graph: Graph, g: LayerGroup, static: Collection[int]) -> bool:
     return bool(g.fused) and all(n.op in FUSED or n.id in static or not_fusable(graph, n) for n in g.nodes)
 
 
+def outside_status(g: LayerGroup, overlay: Overlay | None, of: Mapping[int, str]) -> str:
+    """The status of box `g` of a place outside the layers, by the rule of `explain`'s `outside the layers:` line
+    (`why.text.outside_line`, `--json` `outside_boxes`), which names the fused ops a place holds and calls nothing
+    there missed: `fused` when it holds a fused op, `partly fused` only where a near-miss refusal (neither the chips'
+    `○` nor `△`: `Overlay.excused`) of `overlay` is anchored in it (`of`: node id -> box key), `` with no fused op.
+    minilm's and roberta's `embeddings` read `partly fused`, yellow for "something was missed here", beside an op no
+    pass reports (roberta's integer position ids) or one only a `○` refuses (minilm's embeddings norm, no residual
+    to take: nothing to fix), while esm.qdyn's, an ElementwiseRegion too, read `fused`. Raises nothing."""
+    if not g.fused:
+        return ""
+    excused = overlay.excused if overlay is not None else frozenset()
+    near = any(r.layer is None and of.get(r.anchor) == g.key and (r.rule, r.anchor) not in excused
+               for r in (overlay.rejections if overlay is not None else ()))
+    return "partly fused" if near else "fused"
+
+
 def layer_groups(graph: Graph, overlay: Overlay | None = None,
                  verdicts: Mapping[int, Verdict] | None = None,
                  placed: Mapping[int, Layer | str] | None = None,
@@ -300,7 +316,7 @@ def layer_groups(graph: Graph, overlay: Overlay | None = None,
         if g.verdict is not None and g.verdict.settled:
             g.status = g.verdict.word
         elif g.layer is None:
-            g.status = ("fused" if all_fused(graph, g, static) else "partly fused") if g.fused else ""
+            g.status = outside_status(g, overlay, of)
         elif g.state == "fused" and len([n for n in g.nodes if n.id not in static]) == 1:
             g.status = "fused"  # one fused op; weight preparation (e.g. merged Q/K/V weights) does not count
         elif g.rejections and not (g.verdict is not None and pristine):
@@ -399,16 +415,15 @@ def layers_to_dot(graph: Graph, overlay: Overlay | None = None, title: str | Non
     for g in groups.values():
         # while an overlay colours nodes (`Overlay.heat`), a box's status fill would read as its legend (a "partly
         # fused" yellow as 1e-07–1e-06): grey, its status in its words and outline only
-        fill = UNCOLOURED if overlay is not None and overlay.heat else STATUS_COLORS.get(g.tone, "#f5f5f5")
+        fill = UNCOLOURED if overlay is not None and overlay.heat else STATUS_COLORS.get(g.tone, PLAIN_BOX)
         attrs = {"id": g.key, "fillcolor": fill, "tooltip": _tip(box_tooltip(g))}
-        if g.tone in ("rejected", "not fused"):
-            attrs.update(color=REJECT, style="rounded,filled,dashed", penwidth="2.5")
-        elif g.tone == NOT_NEAR_MISS:  # the chips' faded ○: nothing to fix, not the rejection's red frame
-            attrs.update(color=NOT_NEAR_MISS_INK, style="rounded,filled,dotted", penwidth="1.5")
-        elif g.tone == OP_GAP:  # the chips' unfaded △: a compiler fix, solid, in its own ink
-            attrs.update(color=OP_GAP_INK, penwidth="2")
-        elif g.tone == "fused":
-            attrs.update(color="#1b5e20", penwidth="2")
+        # the frame (`styles.BOX_FRAMES`, what the legend shows): the rejection's red dashed, the chips' faded ○
+        # grey dotted (nothing to fix), the unfaded △ solid in the gap's ink (a compiler fix), the fused green
+        if g.tone in BOX_FRAMES:
+            colour, line, width = BOX_FRAMES[g.tone]
+            attrs.update(color=colour, penwidth=width)
+            if line != "solid":
+                attrs["style"] = f"rounded,filled,{line}"
         if drawer is not None and g in opened:
             _open_layer(d, g, attrs, drawer)
         else:

@@ -82,11 +82,49 @@ fused: `layers.Verdict.at_gap`). Not fused as expected, and not the model's faul
 fused green, the rejection's red nor the faded grey."""
 OP_GAP_INK = "#283593"
 """Border and words of an `OP_GAP` box."""
+FUSED_INK = "#1b5e20"
+"""Border and words of a fused layer box."""
 STATUS_COLORS = {"fused": "#a5d6a7", "partly fused": "#fff59d", "rejected": "#ffcdd2", "unfused": "#eeeeee",
-                 "rewritten": "#eeeeee", "not fused": "#ffcdd2", NOT_NEAR_MISS: "#eeeeee", OP_GAP: "#9094fc"}
+                 "rewritten": "#eeeeee", "not fused": "#ffcdd2", NOT_NEAR_MISS: "#eeeeee", OP_GAP: "#808cff"}
 """Fill of a layer box in the layer-collapsed view, by fusion status. `rewritten` (a layer whose matches so far made
 plain ops only, e.g. the `attention` `fuse_sdpa` packed: its box says `no fused op; rewritten as attention`) keeps
-the grey of `unfused`: the yellow says some fused op was made (`ir.ops.made_as`, as the verdict counts them)."""
+the grey of `unfused`: the yellow says some fused op was made (`ir.ops.made_as`, as the verdict counts them). The
+gap's blue is `GAP_APART` from the attention ops' lavender: its #9094fc was 23 from it, and a reader of the legend
+took a gap box for an attention box."""
+PLAIN_BOX = "#f5f5f5"
+"""Fill of a box with no status (`""`: a place outside the layers holding no fused op, `layers.outside_status`)."""
+GAP_APART = 30.0
+"""The least CIE76 distance (`delta_e`) between the gap box's fill (`STATUS_COLORS[OP_GAP]`) and any op fill."""
+BOX_FRAMES: dict[str, tuple[str, str, str]] = {
+    "fused": (FUSED_INK, "solid", "2"), OP_GAP: (OP_GAP_INK, "solid", "2"), "rejected": (REJECT, "dashed", "2.5"),
+    "not fused": (REJECT, "dashed", "2.5"), NOT_NEAR_MISS: (NOT_NEAR_MISS_INK, "dotted", "1.5")}
+"""A layer box's frame by its tone (`layers.LayerGroup.tone`): (colour, line style, width in points); a tone not
+here has Graphviz's plain thin black frame (`PLAIN_FRAME`). The one source of `viz.layers` and the legend
+(`box_legend`)."""
+PLAIN_FRAME = ("#000000", "solid", "1")
+"""The frame Graphviz draws a box of a tone not in `BOX_FRAMES` (its default: black, solid, 1 point)."""
+BOX_WORDS: dict[str, str] = {
+    "fused": "fused, fused as far as legal: fused as the layer's kind expects",
+    "partly fused": "partly fused: some fused op made, some op a fusion could take left",
+    OP_GAP: f"fused as far as rlxviz's ops go, held back by rlxviz's ops, {OP_GAP}: a compiler fix, "
+            "not the model's",
+    "not fused": "not fused, rejected: a near-miss, its guard named",
+    NOT_NEAR_MISS: f"{NOT_NEAR_MISS}: refused, nothing to fix (the model's own term, a lookalike)",
+    "unfused": "unfused, no fused op, rewritten as attention: no fused op (yet)",
+    "": "no status word: a place outside the layers with no fused op",
+}
+"""What each layer-box colour means, in the words the boxes print (`box_legend`), one row per look."""
+
+
+def box_legend() -> list[tuple[str, str, str, str, str]]:
+    """The layer boxes' legend: (tone, fill, frame colour, frame style, words) per `BOX_WORDS` row, the fill from
+    `STATUS_COLORS` and the frame from `BOX_FRAMES`, as `viz.layers` draws them; a tone not there has Graphviz's
+    plain frame (`PLAIN_FRAME`). Raises nothing."""
+    out = []
+    for tone, words in BOX_WORDS.items():
+        colour, style, _ = BOX_FRAMES.get(tone, PLAIN_FRAME)
+        out.append((tone, STATUS_COLORS.get(tone, PLAIN_BOX), colour, style, words))
+    return out
 
 STATUS_MARKS: dict[str, str] = {**{f"status {k}": v for k, v in STATUS_COLORS.items()}, "rejected": REJECT,
                                  "rejected fill": REJECT_FILL}
