@@ -6,7 +6,9 @@ casts for its `attention`, the half tables of a `rope`), or a view of the produc
 heads `rope_heads` re-splits). `made_beside` names each by the product it was made for, e.g.
 "made by fuse_sdpa.hf_attention beside attention %309 (the mask operand)", so no such node claims the match's list.
 `replaced` reads what each node of a version replaced itself: the one count of "absorbed N" for drawings, the
-inspector, the search index and the Model Explorer export.
+inspector, the search index and the Model Explorer export. `remade_in_run` names the nodes such a rewrite made in
+place of an earlier match's product (gptj's merged Q/K/V matmul %214, re-made as %227 by
+`fuse_attention_block.qkv_columns`), so every view credits them to the pass that made the product.
 """
 
 from __future__ import annotations
