@@ -74,8 +74,8 @@ def test_a_range_of_ids_holds_only_listed_ids():
 def test_rewritten_lists_final_ops_and_verbose_lists_side_products():
     t = _trace(FIX / "cases" / "gpt-neox.legacy-sdpa.onnx")  # the QKV-column rewrite makes a FusedMatMulBiasAct
     v = RunVerdict.of(t).layers[0]
-    ids = [int(i) for item in v.rewritten for i in re.findall(r"%(\d+)", item)]
-    assert ids and all(i in t.final for i in ids), v.rewritten
+    ids = [int(item.split(" %", 1)[1].split(" ", 1)[0]) for item in v.rewritten]  # each item's own node: a re-made
+    assert ids and all(i in t.final for i in ids), v.rewritten  # rope names the product it re-makes too (`REMADE`)
     made = explain(t, 0).made["fuse_attention_block.qkv_columns"]
     # the re-made QKV projection is credited to the pass whose fusion it is, naming the stage (`facts.REMADE`)
     credited = [int(item.split(" %", 1)[1].split(" ", 1)[0]) for item in v.done

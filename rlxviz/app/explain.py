@@ -16,7 +16,7 @@ import numpy as np
 from ..ir import Graph, Node, Op, format_node, operand_roles
 from ..ir.ops import made_as
 from ..ir.printer import format_value
-from ..passes.made import made_in_run, made_words, replaced
+from ..passes.made import made_in_run, made_words, remade_in_run, replaced
 from ..passes.pipeline import role_label
 from ..passes.placement import match_layer
 from ..passes.refusal_kinds import kind_words
@@ -205,7 +205,8 @@ def node_report(graph: Graph, node_id: int, trace: Trace | None = None,
         (one per decision of `trace` whose anchor, bindings, offending nodes or fused node is this node; messages
         and hints as `explain` words them, `report.in_context`: a "run P first" whose P ran says what P did), and
         `verdict`: the node's layer's verdict (`_verdict`); with `trace`, `made`: what a node a match made beside its
-        product is (`passes.made.made_words`, "" for any other node).
+        product is (`passes.made.made_words`, "" for any other node), `was`: {id it re-makes: what that was,
+        `made.Remade.what`}.
 
     Raises:
         KeyError: no such node in `graph`.
@@ -237,6 +238,7 @@ def node_report(graph: Graph, node_id: int, trace: Trace | None = None,
     if trace is None:
         return report
     report["made"] = made_words(node_id, graph, beside, versions)  # its product named in `graph` (`where_now`)
+    report["was"] = {r.old: r.what} if (r := remade_in_run(trace).get(node_id)) is not None else {}  # gptj's %214
     report["decisions"] = node_decisions(trace, node_id)
     report["verdict"] = _verdict(trace, layer_of(n.path), verdict)
     return report
@@ -455,9 +457,9 @@ def report_markdown(rep: dict[str, Any]) -> str:
         lines.append(f"**provenance** {md_code(rep['path'])}{layer}")
     if onnx := onnx_markdown(rep):  # the names Netron and Model Explorer show, so the node can be found there
         lines.append(onnx)
-    # what it replaced itself (`passes.made.replaced`): a node made beside a match's product names the product,
-    # which holds what the match absorbed, and only the part it re-makes (`qkv_columns`' rope) as its own
-    replacing = f", replacing {', '.join(f'%{i}' for i in rep['absorbed'])}" if rep["absorbed"] else ""
+    # what it replaced itself (`passes.made.replaced`; a node made beside a product only the part it re-makes)
+    replacing = ", replacing " + ", ".join(f"%{i}" + md_escape(f" ({w})" if (w := rep.get("was", {}).get(i)) else "")
+                                           for i in rep["absorbed"]) if rep["absorbed"] else ""
     if rep.get("made"):
         lines.append(f"**created by** {md_code(rep['pass_name'])}: {md_escape(rep['made'])}{replacing}")
     elif rep["pass_name"]:

@@ -44,7 +44,7 @@ from panel.custom import JSComponent
 
 from ..ir import Graph
 from ..ir.printer import format_value
-from ..passes.made import is_copy, made_in_run, replaced
+from ..passes.made import is_copy, made_in_run, remade_in_run, replaced
 from ..passes.placement import placed
 from ..passes.trace import Trace, layer_keys, layer_label, layer_of
 from ..viz import layer_groups
@@ -278,8 +278,10 @@ def absorbed_index(graph: Graph, trace: Trace | None) -> dict[str, list[list[obj
         of that op's nodes inside it, and the note the search shows for them, e.g. `absorbed into
         FusedTransformerLayer %86 (layer 0) via FusedAttentionBlock %40` (no `via` for a node it absorbed itself;
         `directly and via ...` for both; `encoder layer 0` / `decoder layer 0` in a model with two stacks, as the
-        Why tab's layer picker names them). Ids no version of `trace` holds are listed under op `""` (found by
-        `%id` only). `{}` without a trace.
+        Why tab's layer picker names them). The earlier product a node re-makes (`passes.made.remade_in_run`) is a
+        row of its own, `re-made as matmul %227 (layer 0) by fuse_attention_block.qkv_columns` (gptj's merged Q/K/V
+        projection %214), so its own id is never named as the path to itself. Ids no version of `trace` holds are
+        listed under op `""` (found by `%id` only). `{}` without a trace.
     """
     if trace is None:
         return {}
@@ -288,30 +290,33 @@ def absorbed_index(graph: Graph, trace: Trace | None) -> dict[str, list[list[obj
     listed = layer_keys(i for n in graph if (i := layer_of(n.path)) is not None)
     keys = {k: k for k in listed}
     out: dict[str, list[list[object]]] = {}
-    made = made_in_run(trace)
+    made, remade = made_in_run(trace), remade_in_run(trace)
     for n in graph:  # what each node replaced itself (`passes.made.replaced`, as its label counts it)
         own = replaced(n, graph, made, every)
         if not own:
             continue
-        found: dict[str, tuple[list[int], list[str]]] = {}  # op -> (ids, the chains of fused nodes they lie in)
-        todo: list[tuple[int, str]] = [(i, "") for i in own]
+        layer = layer_of(n.path)
+        at = f" ({layer_label(keys.get(layer, layer))})" if layer is not None else ""
+        r = remade.get(n.id)  # the product it re-makes has a row of its own: it is no path to itself
+        again = f"re-made as {n.op.value} %{n.id}{at} by {r.rule}" if r is not None else ""
+        found: dict[tuple[str, str], tuple[list[int], list[str]]] = {}  # (op, own note) -> (ids, the chains of
+        todo: list[tuple[int, str]] = [(i, "") for i in own]  # fused nodes they lie in)
         seen: set[int] = set()
         for i, via in todo:  # breadth first: `todo` grows while it is read
             if i in seen:
                 continue
             seen.add(i)
             m = every.get(i)
-            ids, chains = found.setdefault(m.op.value if m is not None else "", ([], []))
+            note = again if r is not None and i == r.old else ""
+            ids, chains = found.setdefault((m.op.value if m is not None else "", note), ([], []))
             ids.append(i)
             if via not in chains:
                 chains.append(via)
             if m is not None and m.absorbed and not is_copy(i, made, every):  # a copy's list is its product's
                 here = f"{via} → {m.op.value} %{m.id}" if via else f"{m.op.value} %{m.id}"
                 todo += [(j, here) for j in m.absorbed]
-        layer = layer_of(n.path)
-        into = f"absorbed into {n.op.value} %{n.id}" + (f" ({layer_label(keys.get(layer, layer))})"
-                                                         if layer is not None else "")
-        out[f"n{n.id}"] = [[op, ids, into + _via(chains)] for op, (ids, chains) in found.items()]
+        into = f"absorbed into {n.op.value} %{n.id}{at}"
+        out[f"n{n.id}"] = [[op, ids, note or into + _via(chains)] for (op, note), (ids, chains) in found.items()]
     return out
 
 

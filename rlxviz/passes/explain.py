@@ -21,6 +21,7 @@ from ..ir import Graph, Node, Op
 from ..ir.identity import DigestCache
 from ..ir.ops import FUSED_INTO, made_as
 from .engine import PassResult, settle
+from .made import remade_in_run
 from .pipeline import PASSES, Pipeline
 from .placement import match_layer
 from .refusal_kinds import kind_words
@@ -332,7 +333,7 @@ def _form(rule: str) -> str:
 def made_words(matches: list[Match], taken: dict[tuple[str, int], tuple[int, str]], form: str = "",
                beside: dict[int, tuple[int, ...]] | None = None) -> str:
     """What one rule's `matches` in a layer made, after `explain -v`'s `->`: `node(s) 12, 14` (the nodes standing for
-    them, each with the fused ops its rewrite made beside it, `beside`: `side_products`),
+    them, each with the fused ops and re-made products its rewrite made beside it, `beside`: `side_products`),
     `no node of its own: taken into node 171 by fuse_sdpa.hf_attention in the same pass` (`_taken`), or `no
     node of its own: plain ops no one node stands for` (a rewrite that made no one node, and nothing the pass made
     took its nodes), said as the rule's `form` when it has one (`no node of its own: no-op cast dropped`: a rule that
@@ -358,15 +359,18 @@ _BESIDE: DigestCache[dict[int, tuple[int, ...]]] = DigestCache(limit=4)
 def side_products(trace: Trace) -> dict[int, tuple[int, ...]]:
     """A match's product (`Match.fused`) -> the fused ops its rewrite made beside it (`ir.ops.made_as`; new in the
     same step, made from nodes the match bound), e.g. the reordered FusedMatMulBiasAct the QKV-column stage of
-    `fuse_attention_block` makes beside the attention it rewrites: the layer line (`why.facts.fused_items`) and
-    `explain -v`'s `->` (`made_words`) both say it. Made once per trace."""
+    `fuse_attention_block` makes beside the attention it rewrites, and the nodes of any op it made in place of an
+    earlier match's product (`made.remade_in_run`: gptj's merged Q/K/V matmul and ropes the stage re-makes): the layer
+    line (`why.facts.fused_items`) and `explain -v`'s `->` (`made_words`) both say it. Made once per trace."""
     hit = _BESIDE.get(trace)
     if hit is None:
         out: dict[int, list[int]] = {}
+        remade = remade_in_run(trace)
         for s in trace.steps:
             made = [m for m in s.matches if m.fused is not None]
             for n in s.after:
-                if n.id in s.before or made_as(n.op) != FUSED_INTO or any(m.fused == n.id for m in made):
+                if n.id in s.before or (made_as(n.op) != FUSED_INTO and n.id not in remade) \
+                        or any(m.fused == n.id for m in made):
                     continue
                 m = next((m for m in made if set(n.absorbed) & {m.anchor, *m.bindings.values()}), None)
                 if m is not None and m.fused is not None:

@@ -9,6 +9,9 @@ heads `rope_heads` re-splits). `made_beside` names each by the product it was ma
 inspector, the search index and the Model Explorer export. A version that lacks the product (a later pass absorbed
 it) names where it went, by the same lists the search follows (`holders`, `where_now`): "beside matmul %197 (the b
 operand; now in FusedAttentionBlock %210)", so no label names a node its version lacks as if it were there.
+`remade_in_run` names the nodes such a rewrite made in place of an earlier match's product (gptj's merged Q/K/V
+matmul %214, re-made as %227 by `fuse_attention_block.qkv_columns`), so every view credits them to the pass that made
+the product.
 """
 
 from __future__ import annotations
@@ -19,7 +22,8 @@ from dataclasses import dataclass
 from ..ir import Graph, Node
 from ..ir.identity import DigestCache
 from ..ir.ops import operand_roles
-from .trace import PassStep, Trace
+from .pipeline import role_label
+from .trace import PassStep, Trace, family_of
 
 
 @dataclass(frozen=True)
@@ -243,3 +247,65 @@ def made_words(i: int, live: Graph, beside: Mapping[int, Beside], versions: Grap
     gone = b.product not in live
     return b.said(where_now(b, live, holders(live, beside, versions) if gone and held is None else held or {})
                   if gone else "")[0]
+
+
+@dataclass(frozen=True)
+class Remade:
+    """A node a rewrite made beside its product in place of one node of the same op that an earlier match made
+    (`remade_in_run`): gptj's matmul %227, which `fuse_attention_block.qkv_columns` made from
+    `fuse_shared_input_matmul`'s merged Q/K/V projection %214 with its weight's columns in Q/K/V order.
+
+    Attributes:
+        new: the node made (`Node.absorbed` is `(old,)`).
+        old: the node it re-makes, the product (`Match.fused`) of an earlier match.
+        maker: the pass whose match made `old` (`fuse_shared_input_matmul`).
+        rule: the rule whose rewrite made `new` (`fuse_attention_block.qkv_columns`).
+        product: that rewrite's own product, beside which `new` was made (the attention %233).
+        role: `old`'s role in that match's bindings (`qkv`), "" when it has none.
+    """
+
+    new: int
+    old: int
+    maker: str
+    rule: str
+    product: int
+    role: str = ""
+
+    @property
+    def label(self) -> str:
+        """`old`'s role as the re-making rule's messages name it (`pipeline.role_label`: `QKV projection`), ""
+        without one."""
+        return role_label(self.rule, self.role) if self.role else ""
+
+    @property
+    def what(self) -> str:
+        """What `old` was, e.g. `fuse_shared_input_matmul's QKV projection` (the inspector's `replacing %214 (...)`)."""
+        return f"{self.maker}'s {self.label or 'product'}"
+
+
+_REMADE: DigestCache[dict[int, Remade]] = DigestCache(limit=4)
+
+
+def remade_in_run(trace: Trace) -> dict[int, Remade]:
+    """Each node of `trace` that re-makes an earlier match's product -> `Remade`: a node a step made that is no
+    product of the step's matches, whose own list (`Node.absorbed`) is one node of its op that an earlier match made
+    (`Match.fused`), and that the step's match bound or anchored on. The one rule by which a layer's line credits
+    such a node to the pass that made the product (`why.facts.remade_words`), `explain -v` says it beside the match
+    (`explain.side_products`) and the app's search and inspector say what it re-makes. Once per run."""
+    def every() -> dict[int, Remade]:
+        makers: dict[int, str] = {}
+        out: dict[int, Remade] = {}
+        for s in trace.steps:
+            mine = [m for m in s.matches if m.fused is not None]
+            for n in s.after:
+                old = s.before.get(n.absorbed[0]) if len(n.absorbed) == 1 and n.id not in s.before else None
+                if old is None or old.op != n.op or old.id not in makers or any(m.fused == n.id for m in mine):
+                    continue
+                m = next((m for m in mine if old.id in (m.anchor, *m.bindings.values())), None)
+                if m is not None and m.fused is not None:
+                    role = next((r for r, i in m.bindings.items() if i == old.id), "")
+                    out[n.id] = Remade(n.id, old.id, makers[old.id], m.rule, m.fused, role)
+            makers.update((m.fused, family_of(m.pass_name)) for m in mine)
+        return out
+
+    return _REMADE.get_or_compute(trace, every)

@@ -15,7 +15,8 @@ from ...ir.identity import DigestCache
 from ...ir.ops import FUSED, FUSED_INTO, made_as
 from ..explain import LayerExplanation, Outcome, outside_layers, side_products
 from ..guard import ILLEGAL, READ_BY_MODEL
-from ..pipeline import PASSES, Pipeline, role_label
+from ..made import remade_in_run
+from ..pipeline import PASSES, Pipeline
 from ..placement import outside_box
 from ..report import MissedFusion, missed_fusions
 from ..trace import PassStep, Trace, layer_keys, layer_of
@@ -310,50 +311,45 @@ def op_of(trace: Trace, node: int) -> str | None:
 
 
 REMADE = "{maker}'s {what}%{old}, re-made by {rule}"
-"""How a layer's line credits a fused op that a rewrite made beside its product in place of a fused op of the same op
-an earlier pass made (`remade_words`): gpt-neox's FusedMatMulBiasAct %231 is `fuse_matmul_bias_act's QKV projection
-%218, re-made by fuse_attention_block.qkv_columns` (its weight's columns put in Q/K/V order). The fusion is the earlier
-pass's: crediting the rewrite's pass (`(fuse_attention_block)`) read as a FusedMatMulBiasAct that pass fused."""
+"""How a layer's line credits a node that a rewrite made beside its product in place of an earlier match's product of
+the same op (`made.remade_in_run`; `remade_words`): gpt-neox's FusedMatMulBiasAct %231 is `fuse_matmul_bias_act's QKV
+projection %218, re-made by fuse_attention_block.qkv_columns` (its weight's columns put in Q/K/V order), gptj's matmul
+%227 `fuse_shared_input_matmul's QKV projection %214, re-made by fuse_attention_block.qkv_columns` (the merged Q/K/V
+projection) and its rope %229 `fuse_sdpa's q_rope %199, re-made by ...`. The product is the earlier pass's: crediting
+the rewrite (`(fuse_attention_block)`) read as a FusedMatMulBiasAct that pass fused, and a plain op said by nothing
+lost the merge's credit."""
 
 
-def _first_node(trace: Trace, node: int) -> Node | None:
-    """Node id `node` in the first version that has it (`op_of`); None when no version does."""
-    return next((g[node] for _, g in trace.versions() if node in g), None)
-
-
-def remade_words(trace: Trace, node: int, o: Outcome) -> str:
-    """What a layer's line says in brackets after a fused op `node` that the fused outcome `o`'s rewrite made beside
-    its product (`side_products`): `REMADE` when `node` re-makes a fused op of the same op another pass made (one of
-    the nodes it absorbed: `Node.absorbed`), naming that node by its role in `o`'s match (`pipeline.role_label`:
-    `QKV projection`); else `o`'s pass, as for its product."""
-    new = _first_node(trace, node)
-    olds = [x for i in (new.absorbed if new is not None else ()) if (x := _first_node(trace, i)) is not None]
-    old = next((x for x in olds if new is not None and x.op == new.op and x.pass_name != new.pass_name), None)
-    if old is None or not old.pass_name:
-        return o.pass_name
-    m = next((m for m in trace.matches if m.rule == o.rule and old.id in m.bindings.values()), None)
-    role = next((r for r, i in m.bindings.items() if i == old.id), "") if m is not None else ""
-    return REMADE.format(maker=old.pass_name, what=f"{role_label(o.rule, role)} " if role else "", old=old.id,
-                         rule=o.rule)
+def remade_words(trace: Trace, node: int, fallback: str) -> str:
+    """What a layer's line says in brackets after a node `node` that a fused outcome's rewrite made beside its product
+    (`side_products`): `REMADE` when `node` re-makes an earlier match's product (`made.remade_in_run`), naming that
+    node by its role in the re-making match (`pipeline.role_label`: `QKV projection`); else `fallback` (the outcome's
+    pass for a fused op, its rule for a plain op, as for its product)."""
+    r = remade_in_run(trace).get(node)
+    if r is None:
+        return fallback
+    return REMADE.format(maker=r.maker, what=f"{r.label} " if r.label else "", old=r.old, rule=r.rule)
 
 
 def fused_items(trace: Trace, outcomes: list[Outcome]) -> tuple[list[str], list[str]]:
     """(fused ops, plain ops) the fused `outcomes` made that the final version holds (a node a later rewrite replaced
     is said by what replaced it), each `OP %ID (PASS)` for a fused
     op (`ir.ops.made_as`: `LayerVerdict.done`, `RunVerdict.outside`) and `OP %ID (RULE)` for a plain op a rewrite
-    made (`LayerVerdict.rewritten`); a fused op a rewrite made beside its product is said with it (`side_products`),
-    credited to the pass whose fused op it re-makes (`remade_words`: `FusedMatMulBiasAct %231 (fuse_matmul_bias_act's
-    QKV projection %218, re-made by fuse_attention_block.qkv_columns)`). The one wording of every view: `explain`,
-    `-v`, `--json`'s `done` and the app's Why tab.
+    made (`LayerVerdict.rewritten`); a node a rewrite made beside its product is said with it (`side_products`), one
+    that re-makes an earlier match's product credited to the pass that made it (`remade_words`: `FusedMatMulBiasAct
+    %231 (fuse_matmul_bias_act's QKV projection %218, re-made by fuse_attention_block.qkv_columns)`, `matmul %227
+    (fuse_shared_input_matmul's QKV projection %214, re-made by ...)`). The one wording of every view: `explain`,
+    `-v`, `--json`'s `done` and `rewritten`, and the app's Why tab.
     A fused op a later pass absorbed (GPT-2's q/k/v FusedMatMulBiasAct, into its
     FusedAttentionBlock) is said by what absorbed it, not as a product of its own."""
     beside = side_products(trace)
     items = [(op, n, o, n != p) for o in outcomes if o.status == "fused" for p in o.nodes
              for n in (p, *beside.get(p, ())) if (op := op_of(trace, n)) is not None]  # a fused op by its pass, a
     # plain op by the rule that made it
-    done = [f"{op} %{n} ({remade_words(trace, n, o) if side else o.pass_name})" for op, n, o, side in items
+    done = [f"{op} %{n} ({remade_words(trace, n, o.pass_name) if side else o.pass_name})" for op, n, o, side in items
             if made_as(Op(op)) == FUSED_INTO and n in trace.final]
-    plain = [f"{op} %{n} ({o.rule})" for op, n, o, _ in items if made_as(Op(op)) != FUSED_INTO and n in trace.final]
+    plain = [f"{op} %{n} ({remade_words(trace, n, o.rule) if side else o.rule})" for op, n, o, side in items
+             if made_as(Op(op)) != FUSED_INTO and n in trace.final]
     return done, plain  # both of the final version: gptj's attention %217 that a later rule replaced is not said
 
 
