@@ -87,6 +87,8 @@ def test_zoom_is_fitted_on_a_model_switch_and_kept_on_a_step_and_search_goes_dee
         box.fill("attention")  # exact hits first (a node whose path names attention), then the two layers
         expect(pg.locator(".rv-after .rv-found")).to_have_text(re.compile(r"^1/[3-9]$"))
         total = int(pg.locator(".rv-after .rv-found").inner_text().split("/")[1])
+        box.press("Enter")  # the first Enter after a new query shows hit 1; each later one steps on
+        expect(pg.locator(".rv-after .rv-found")).to_have_text(f"1/{total}")
         notes = []
         for _ in range(total):
             note = pg.locator(".rv-after .rv-found-note")
@@ -131,6 +133,9 @@ def test_zoom_is_fitted_on_a_model_switch_and_kept_on_a_step_and_search_goes_dee
         expect(found).to_have_text(re.compile(r"^1/\d+$"))
         total = int(found.inner_text().split("/")[1])
         assert total >= 3, total  # bert-tiny: a node named attention, then the two fused layers
+        box.press("Enter")  # shows hit 1 (opening its layer when folded); each later Enter steps on
+        expect(found).to_have_text(f"1/{total}")
+        _idle(pg)
         seen = [found.get_attribute("data-hit")]
         drawn = 0
         for k in range(1, total + 1):

@@ -131,9 +131,10 @@ export function render({ model, el }) {
   // its own search hit, else it follows the frame. It followed the frame alone: the after pane's hit, named by its
   // note, sat off the pane's edge
   const onBus = (e) => { const d = e.detail; if (!model.sync || d.group !== model.sync || d.src === me) return;
+    if (d.fit) { fit(); return; }
     const at = d.node ? standsFor(Number(d.node.slice(1))) : null;
     if (at) { const k = hits.findIndex((h) => h.key === at.key);
-      if (k >= 0 && k !== hit) { hit = k; last = at.key; found.dataset.hit = at.key; counted(); } }
+      if (k >= 0) { shown = true; if (k !== hit) { hit = k; last = at.key; found.dataset.hit = at.key; counted(); } } }
     const g = at ? at.g : (d.node && hits.length && hits[hit] ? hits[hit].g : null);
     if (g) { const ir = inner.getBoundingClientRect(), gr = g.getBoundingClientRect();
       const px = (gr.left + gr.width / 2 - ir.left) / s, py = (gr.top + gr.height / 2 - ir.top) / s;
@@ -148,20 +149,27 @@ export function render({ model, el }) {
   // whether the view (zoom and pan) shows some of the picture: a view kept from another picture may show none
   const shows = () => { const sz = size(); if (!sz) return true; const W = wrap.clientWidth, H = wrap.clientHeight;
     return tx < W && tx + sz[0] * s > 0 && ty < H && ty + sz[1] * s > 0; };
+  const FIT_PAD = 4;
   const fit = () => { const sz = size(); if (!sz) return; const W = wrap.clientWidth || 600;
     // a tall picture (under 0.35 to fit the whole area) is drawn readable from its top; the caption's height is
     // taken off only once that is decided (it tipped MiniLM's layer, 0.36 whole, into that mode)
-    const T = capH(), H0 = wrap.clientHeight || 500, H = Math.max(H0 - T, 100);
+    // FIT_PAD px above and below the picture: the margin was added after a scale that filled the height, so a fitted
+    // picture's bottom lay 4 px under the pane's edge
+    const T = capH(), H0 = wrap.clientHeight || 500, H = Math.max(H0 - T - 2 * FIT_PAD, 100);
     s = Math.min(W / sz[0], H0 / sz[1], 1.5) < 0.35 ? 0 : Math.min(W / sz[0], H / sz[1], 1.5);
-    if (!s) { s = Math.min(W / sz[0], 0.8); tx = (W - sz[0] * s) / 2; ty = T + 4; }
-    else { tx = (W - sz[0] * s) / 2; ty = T + Math.max(4, (H - sz[1] * s) / 2); }
+    if (!s) { s = Math.min(W / sz[0], 0.8); tx = (W - sz[0] * s) / 2; ty = T + FIT_PAD; }
+    else { tx = (W - sz[0] * s) / 2; ty = T + FIT_PAD + Math.max(0, (H - sz[1] * s) / 2); }
     offX = 0; offY = 0; touched = false; apply(false); };
   const moved = () => { touched = true; apply(true); };
   const zoomAt = (f, cx, cy) => { const ns = Math.min(Math.max(s * f, 0.02), 8); tx = cx - (cx - tx) * ns / s;
     ty = cy - (cy - ty) * ns / s; s = ns; moved(); };
   mk('+', 'zoom in', () => zoomAt(1.25, wrap.clientWidth / 2, wrap.clientHeight / 2), 'rv-zoom-in');
   mk('−', 'zoom out', () => zoomAt(0.8, wrap.clientWidth / 2, wrap.clientHeight / 2), 'rv-zoom-out');
-  mk('fit', 'fit the whole graph', () => { fit(); apply(true); }, 'rv-fit');
+  // "fit" fits every linked pane, each to its own picture: it sent this pane's frame, which the partner took with its
+  // own offset (kept from a search's centring), so its picture, of another size, was cut at the pane's right edge
+  mk('fit', 'fit the whole graph', () => { fit();
+    if (model.sync) window.dispatchEvent(new CustomEvent(BUS, { detail: { group: model.sync, src: me, fit: true } })); },
+  'rv-fit');
   mk('1:1', 'actual size', () => { s = 1; tx = 8; ty = 8; moved(); }, 'rv-one');
   let miniOn = true;
   const setMini = (on) => { miniOn = on; mapBtn.classList.toggle('rv-off', !miniOn); miniSync(); };
@@ -239,6 +247,10 @@ export function render({ model, el }) {
   // Every node inside a folded box is a hit of its own, so the hits and their order (`model.order`, the graph's
   // node order; exact hits first, then fused nodes that absorbed a match) are the same whichever layers are open.
   let last = null, lastQ = null;  // the key of the hit the counter shows, for the query it was found with
+  // whether the counter's hit was shown (Enter, or the partner pane centring it): the next Enter steps on from it;
+  // until then Enter shows it (opening its folded layer). Typing centres the first hit but leaves this false: the
+  // first Enter after a new query stepped past hit 1 (typed "softmax", then Enter, read "2/6")
+  let shown = false;
   const counted = () => { const n = hits[hit].note || ''; found.textContent = `${hit + 1}/${hits.length}`;
     foundNote.textContent = n; foundNote.style.display = n ? 'block' : 'none'; };
   // the note is a line of its own between the bar and the picture, shown while it says something (in the bar it
@@ -277,33 +289,39 @@ export function render({ model, el }) {
     const sorted = (xs) => xs.map((h, k) => [h, k]).sort((a, b) => (pos(a[0]) - pos(b[0])) || (a[1] - b[1])).map((x) => x[0]);
     // a folded fused node whose own text also matched is listed once (exact), as it is once it is drawn
     const seen = new Set(); return [...sorted(exact), ...sorted(deep)].filter((h) => !seen.has(h.key) && seen.add(h.key)); };
-  // step: Enter (the next hit); else the hits are found again (typing, a new picture, a new index): the same query
-  // resumes at the hit it showed (a re-render after opening a layer kept no place: Enter went round in circles)
-  const find = (step) => { inner.querySelectorAll('.rv-found-node').forEach((g) => g.classList.remove('rv-found-node'));
+  // how: 'type' (the query was typed: its first hit, or the same query's hit, is centred), 'step' (Enter: the hit
+  // the counter names when it was not shown yet, else the next one, centred, its folded layer opened) or 'again' (a
+  // new picture, a new index, a term carried to another model: the hits are marked and counted, the view stays; the
+  // same query resumes at the hit it showed: a re-render after opening a layer kept no place, Enter went round in
+  // circles). It centred on every new picture: a term carried to another model zoomed both panes onto its hit.
+  const find = (how) => { inner.querySelectorAll('.rv-found-node').forEach((g) => g.classList.remove('rv-found-node'));
     foundNote.style.display = 'none'; found.classList.remove('rv-hits');
-    const q = search.value.trim().toLowerCase(); if (!q) { hits = []; last = lastQ = null; found.textContent = ''; return; }
-    let fresh = false;
+    const q = search.value.trim().toLowerCase();
+    if (!q) { hits = []; last = lastQ = null; shown = false; found.textContent = ''; return; }
+    const step = how === 'step';
     if (!step || !hits.length) { hits = collect(q);
       hit = q === lastQ && last !== null ? hits.findIndex((h) => h.key === last) : -1;
-      if (hit < 0) { hit = 0; fresh = true; } }
+      if (hit < 0) { hit = 0; shown = false; } }
     lastQ = q;
     hits.forEach((h) => h.g.classList.add('rv-found-node'));
-    if (!hits.length) { last = null; found.textContent = 'no match'; return; }
+    if (!hits.length) { last = null; shown = false; found.textContent = 'no match'; return; }
     found.classList.add('rv-hits');  // the mark's swatch before the count: the search's legend
-    if (step && !fresh) hit = (hit + 1) % hits.length;
+    if (step && shown) hit = (hit + 1) % hits.length;
     const h = hits[hit]; last = h.key; found.dataset.hit = h.key; counted();  // data-hit: the node shown
-    if (step && h.g.id !== h.key && isBox(h.g.id) && h.id !== null) { center(h.g, true); open(h.g, [h.id]); }
-    else center(h.g, true); };
+    if (step) { shown = true; center(h.g, true); if (h.g.id !== h.key && isBox(h.g.id) && h.id !== null) open(h.g, [h.id]); }
+    else if (how === 'type') center(h.g, true); };
   // A picture of another model (its scope's model part differs, `ZoomScope`; '' or none: not known): a node-id
   // query (`%795`, `NODE_QUERY`) named a node of the model before, so it is cleared (it read "%795 — no match" on
   // the new model); a term ("softmax") carries over on purpose. `graphpane.kept_query` says the same in Python.
   const modelOf = (sc) => (sc || '').split(':')[0];
   const otherModel = (a, b) => !!modelOf(a) && !!modelOf(b) && modelOf(a) !== modelOf(b);
   const keptQuery = (q, other) => (other && /^\s*%/.test(q) ? '' : q);
-  const rebase = (was) => { const q = keptQuery(search.value, otherModel(was, model.scope));
-    if (q === search.value) return; search.value = q; hits = []; last = lastQ = null; find(false); };
-  search.addEventListener('input', () => find(false));
-  search.addEventListener('keydown', (e) => { e.stopPropagation(); if (e.key === 'Enter') find(true); });
+  // another model's node keys (`n12`) are not this one's: a carried term starts at its first hit, not shown yet
+  const rebase = (was) => { const other = otherModel(was, model.scope), q = keptQuery(search.value, other);
+    if (other) { hits = []; last = null; shown = false; }
+    if (q === search.value) return; search.value = q; hits = []; last = lastQ = null; find('again'); };
+  search.addEventListener('input', () => find('type'));
+  search.addEventListener('keydown', (e) => { e.stopPropagation(); if (e.key === 'Enter') find('step'); });
   let reveal = null, revealIds = [];
   // no scope ('') is no promise that the next picture is the same graph's: it is fitted
   const setSvg = () => { const had = inner.querySelector('svg'); const same = had && !!model.scope && scope === model.scope;
@@ -315,7 +333,7 @@ export function render({ model, el }) {
     miniPicture();
     const keep = same && touched && shows();  // a kept view that shows none of the picture is no view: fitted
     if (!keep) fit(); else apply(false);
-    mark(!keep); hits = []; if (search.value) find(false); title.textContent = model.title || '';
+    mark(!keep); hits = []; if (search.value) find('again'); title.textContent = model.title || '';
     if (reveal) { const g = inner.querySelector(`g#${CSS.escape(reveal)}`); const ids = revealIds; reveal = null; revealIds = [];
       const node = ids.map((i) => inner.querySelector(`g#n${i}`)).find((x) => x);
       if (node) center(node, true);  // the search resumed at this hit (`last`)
@@ -336,11 +354,11 @@ export function render({ model, el }) {
   // a new scope fits the picture whichever comes first: a patch that sets svg and scope together hands them over one
   // at a time, svg first, so `setSvg` saw the old scope and kept the last model's zoom (an empty view)
   const rescope = () => { if (model.scope === scope) return; staleMarks = scope !== null; rebase(scope); scope = model.scope;
-    if (inner.querySelector('svg')) { fit(); mark(false); } else touched = false; };
+    if (inner.querySelector('svg')) { fit(); mark(false); if (search.value) find('again'); } else touched = false; };
   model.on('svg', setSvg); model.on('scope', rescope);
   // another model's index can arrive after its picture (setSvg searched the new picture with the old index: a
   // kept "softmax" read "no match" on minilm until retyped): search again with it
-  const research = () => { hits = []; if (search.value) find(false); };
+  const research = () => { hits = []; if (search.value) find('again'); };
   model.on('absorbed', research); model.on('folded', research); model.on('order', research);
   model.on('highlight', () => { staleMarks = false; mark(true); }); model.on('selected', () => mark(false));
   model.on('related', () => mark(false));

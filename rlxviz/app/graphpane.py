@@ -19,17 +19,20 @@ tooltip lists; `search_hits` is the same search in Python), and marks them with 
 shows its status colour; the counter shows the mark's swatch, `search_key` its tooltip); after those, the fused nodes
 that absorbed a node of that id or op, at any depth (a note over the graph says so: "softmax: absorbed into
 FusedAttentionBlock %812 (layer 3)", or through a fused node it absorbed: "softmax: absorbed into
-FusedTransformerLayer %86 (layer 0) via FusedAttentionBlock %40"); Enter steps through the hits in one order
-(`search_order`: graph order, each node inside a folded layer a hit of its own), opening the layer that holds the
-next one and centring it; a new picture (a layer opened) keeps the place. When the picture
-is larger than the pane, a minimap in the corner shows the whole graph with the visible part framed; a click or a
-drag on it pans there. It is at least 96 px wide: a graph too tall for that is cropped to a window that scrolls with
-the view ("map ↕"). Its box has one size in every pane, and it lies in the corner where it covers least of the
+FusedTransformerLayer %86 (layer 0) via FusedAttentionBlock %40"); typing centres the first hit, and Enter steps
+through the hits in one order (`search_order`: graph order, each node inside a folded layer a hit of its own), the
+first Enter after a new query showing hit 1, each later one the next, opening the layer that holds it and centring
+it; a new picture (a layer opened) keeps the place, and marks and counts the hits without moving the view. When the
+picture is larger than the pane, a minimap in the corner shows the whole graph with the visible part framed; a click
+or a drag on it pans there. It is at least 96 px wide: a graph too tall for that is cropped to a window that scrolls
+with the view ("map ↕"). Its box has one size in every pane, and it lies in the corner where it covers least of the
 drawing, the same corner in the linked panes (before/after), chosen once the view rests. It lies over the pane's
 corner, so it folds away: the × in its labelled head or the bar's "map" button (which brings it back). A model switch
 fits the picture: a highlight of the model before never centres the new one (its ids are another graph's), and a
 kept view that shows none of a new picture is fitted, and a node-id query in the search box (`%795`, one model's
-node) is cleared, while a term (`softmax`) carries over (`kept_query`).
+node) is cleared, while a term (`softmax`) carries over (`kept_query`), marking its hits in the fitted picture (it
+zoomed both panes onto its first hit), Enter showing its hit 1. "fit" fits every pane of its `sync` group, each to
+its own picture (the partner took the fitted pane's frame, cut at its right edge), with a 4 px margin above and below.
 """
 
 from __future__ import annotations
