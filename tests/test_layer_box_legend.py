@@ -154,7 +154,7 @@ def test_a_near_miss_in_a_box_outside_the_layers_keeps_it_partly_fused():
 def test_gpt_neox_box_says_rewritten_as_what_explain_lists_only():
     t = _trace(str(NEOX))
     listed = [x.split(" %", 1)[0] for x in RunVerdict.of(t).layers[0].rewritten]
-    assert listed == ["attention"]
+    assert listed == ["attention", "rope", "rope"]  # the ropes qkv_columns re-made of fuse_sdpa's, credited to it
     for side in ("before", "after"):
         words, _ = _box(t, View(26, "layers", side), "layer0")
-        assert "rewritten as attention" in words and "where" not in words, (side, words)
+        assert "rewritten as rope×2, attention)" in words and "where" not in words, (side, words)

@@ -23,6 +23,7 @@ from typing import Any
 from ..ir import Graph
 from ..ir.ops import LEAF
 from ..passes import PassStep, Trace, layer_of
+from ..passes.made import remade_in_run
 from ..passes.placement import placed
 from ..passes.readers import live_nodes
 from ..passes.trace import Layer
@@ -221,8 +222,10 @@ def listed_nodes(trace: Trace) -> dict[Layer | int, frozenset[int]]:
     op a rewrite re-made of the one op of its kind it took in (gpt-neox's `where` %170, the NaN guard
     `canonicalize_exported.nan_guard_moved` moved, which a region later took in) is the model's op re-placed, not a
     rewrite "as" anything: version 26 said `rewritten as attention, where` while every other view said `rewritten
-    as: attention %237`."""
-    made, new = made_nodes(trace), _new_kind(trace)
+    as: attention %237`. A node that re-makes an earlier match's product (`remade_in_run`: gpt-neox's ropes %233 and
+    %235, which `fuse_attention_block.qkv_columns` made from `fuse_sdpa`'s) is said as that product, as the verdict
+    credits it."""
+    made, new = made_nodes(trace) | frozenset(remade_in_run(trace)), _new_kind(trace)
     return {v.layer: frozenset(i for item in (*v.done, *v.rewritten)
                                if (i := int(item.split(" %", 1)[1].split(" ", 1)[0].rstrip(")"))) in made) | new
             for v in RunVerdict.of(trace).layers}
