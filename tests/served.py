@@ -23,6 +23,10 @@ CHROMIUM = "/usr/bin/chromium"
 ARGS = ["--no-sandbox", "--headless", "--disable-gpu", "--disable-background-networking",
         "--disable-component-update", "--disable-sync", "--no-first-run"]
 START_TIMEOUT_S = 60
+OWN_FTL = re.compile(r"^FusedTransformerLayer$")
+"""The op name's own text element of a drawn FusedTransformerLayer (its title line is `FusedTransformerLayer`, ` `,
+`%397`), not a label line that names one (`now in FusedTransformerLayer %397)`: a concat made beside a matmul the
+layer absorbed)."""
 WAIT_MS = 60_000  # every wait and navigation: ends as soon as met; a loaded 2-core runner answers slowly
 SMALL_IR = """graph small {
   %0 = input {name="x"} : f32[2, 8]

@@ -13,6 +13,7 @@ import pytest
 from playwright.sync_api import expect
 from served import (
     ART,
+    OWN_FTL,
     WAIT_MS,
     browser_fixture,
     choose_version,
@@ -87,7 +88,7 @@ def _minimap_and_layer_expand_in_place(pg):
     pg.locator(".rv-after g#layer2.cluster").wait_for()
     expect(pg.locator(".rv-after g#layer1.node")).to_have_count(1)
     expect(pg.locator(".rv-after g#layer3.node")).to_have_count(1)
-    inner = pg.locator(".rv-after g.node[id^=n]", has_text="FusedTransformerLayer")
+    inner = pg.locator(".rv-after g.node[id^=n]", has=pg.locator("text", has_text=OWN_FTL))
     expect(inner).to_have_count(1)  # layer 2's own op, drawn as a node inside the overview
     assert pg.locator(".rv-after g.node").count() > boxes
     pg.screenshot(path=str(ART / "nav-expanded.png"))
