@@ -65,13 +65,9 @@ def cpu_used() -> float:
 
 
 def cap_cpu(seconds: float, grace: int = CPU_GRACE_SECONDS) -> None:
-    """(In a child that does one job) allow `seconds` more CPU time: a profiling timer (`ITIMER_PROF`, the process's
-    CPU time at the kernel's tick) raises `CpuTimeExceeded` in the main thread past exactly `seconds`; the
-    `RLIMIT_CPU` soft limit at the time used so far plus `seconds`, rounded up to whole seconds as the kernel counts
-    (SIGXCPU raises it too), and the hard limit `grace` seconds later (never above a hard limit already set) end
-    native code that never returns to Python. The timer alone is exact: a forked child starts at 0 s used, so a
-    0.01 s limit meant up to 1 s under the rounded `RLIMIT_CPU` (a fresh interpreter's ~2.9 s of imports had hidden
-    it). `release_cpu` stops the timer once the job is done.
+    """(In a child that does one job) allow `seconds` more CPU time: `RLIMIT_CPU` soft limit at the time used so far
+    plus `seconds` (rounded up to whole seconds, as the kernel counts), hard limit `grace` seconds later (never
+    above a hard limit already set); SIGXCPU raises `CpuTimeExceeded` in the main thread.
 
     Raises:
         ValueError: `seconds` is not positive.
@@ -82,14 +78,7 @@ def cap_cpu(seconds: float, grace: int = CPU_GRACE_SECONDS) -> None:
     _, hard_now = resource.getrlimit(resource.RLIMIT_CPU)
     hard = soft + grace if hard_now == resource.RLIM_INFINITY else min(soft + grace, hard_now)
     signal.signal(signal.SIGXCPU, _on_xcpu)
-    signal.signal(signal.SIGPROF, _on_xcpu)
     resource.setrlimit(resource.RLIMIT_CPU, (min(soft, hard), hard))
-    signal.setitimer(signal.ITIMER_PROF, seconds)
-
-
-def release_cpu() -> None:
-    """Stop `cap_cpu`'s profiling timer (the job is done: writing its reply is no part of its budget)."""
-    signal.setitimer(signal.ITIMER_PROF, 0)
 
 
 class Deadline:
@@ -296,5 +285,5 @@ class JobSlots:
 
 
 __all__ = ["CPU_GRACE_SECONDS", "PR_SET_PDEATHSIG", "WALL_FACTOR", "CpuTimeExceeded", "Deadline", "ForkedFailure",
-           "JobSlots", "address_space", "cap_address_space", "cap_cpu", "children_cpu", "cpu_used", "forked",
-           "release_cpu", "spawn", "stop"]
+           "JobSlots", "address_space", "cap_address_space", "cap_cpu", "children_cpu", "cpu_used", "forked", "spawn",
+           "stop"]

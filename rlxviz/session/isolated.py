@@ -52,7 +52,6 @@ from ..ir.bounded import (
     cap_address_space,
     cap_cpu,
     children_cpu,
-    release_cpu,
     spawn,
     stop,
 )
@@ -117,14 +116,11 @@ def _call(fn: Callable[..., Any], args: tuple, kwargs: dict, extra_address: int,
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
-            try:
-                if extra_address:
-                    cap_address_space(extra_address)
-                if cpu_s is not None:
-                    cap_cpu(cpu_s)
-                result: tuple[str, Any] = ("ok", fn(*args, **kwargs))
-            finally:
-                release_cpu()  # the reply is no part of the budget (a timer firing here still says "cpu")
+            if extra_address:
+                cap_address_space(extra_address)
+            if cpu_s is not None:
+                cap_cpu(cpu_s)
+            result: tuple[str, Any] = ("ok", fn(*args, **kwargs))
         except MemoryError:
             result = ("memory", None)
         except CpuTimeExceeded:
