@@ -74,18 +74,21 @@ def test_the_tables_near_misses_and_not_expected_are_explains_lists(name):
         # `explain` words each layer's not-expected refusals once per rule and guard (its places alike), and those at
         # a gap in rlxviz's ops apart (issue 39: the table's kind, the text's heading, `--json`'s list agree)
         for kind, key in ((NOT_EXPECTED_HERE, "not_expected"), (OP_GAP_GROUP, "gap_refusals")):
-            listed = {(s["layer"], line.split(" (", 1)[0], line.split(" (", 1)[1].split(")", 1)[0])
-                      for s in d["layers"] for line in s[key]}
+            lines = [(s["layer"], line) for s in d["layers"] for line in s[key]]
+            lines += [(None, line) for line in d["outside_gaps"]] if kind == OP_GAP_GROUP else []  # in no layer
+            listed = {(layer, line.split(" (", 1)[0], line.split(" (", 1)[1].split(")", 1)[0]) for layer, line in lines}
             rows = {(r["layer"], r["rule"], r["guard"]) for r in decision_rows(trace)
                     if r["kind"] == kind and not r["why"].startswith("also:")}
             assert rows == listed, (kind, rows, listed)
         # the gap rows are the refusals `explain` says rlxviz's ops lack a form for
         gaps = {(s["layer"], g.rsplit(" (", 1)[1].split(": ")[0], g.rsplit(": ", 1)[1].rstrip(")"))
                 for s in d["layers"] for g in s["op_gaps"]}
+        gaps |= {(None, x.split(" (", 1)[0], x.split(" (", 1)[1].split(")", 1)[0]) for x in d["outside_gaps"]}
         assert {(r["layer"], r["rule"], r["guard"]) for r in decision_rows(trace)
                 if r["kind"] == OP_GAP_GROUP and not r["why"].startswith("also:")} == gaps
         # a layer lists its own near-misses, hard and left out; a place outside every layer the run lists
-        assert table[REJECTED] + table[LEFT_OUT_STATUS] == sum(len(s["misses"]) for s in d["layers"]) + len(d["misses"])
+        assert table[REJECTED] + table[LEFT_OUT_STATUS] == sum(len(s["misses"]) for s in d["layers"]) + len(
+            d["misses"]) + len(d["outside_misses"])
 
 
 def test_llama_blocks_not_expected_rows_read_not_expected_with_the_guards_kind_kept():

@@ -116,10 +116,12 @@ def said_in_json(d: dict, label: str | None, r: Rejection, group: str | None) ->
     if group is None:
         return any((lv["first"] or {}).get("rule") == r.rule or any(o["rule"] == r.rule for o in lv["rejections"])
                    or any(m.startswith(f"{r.rule} @ ") for m in lv["misses"]) for lv in layers) or any(
-            m.startswith(f"{r.rule} @ %{r.anchor} ") for m in d["misses"])
+            m.startswith(f"{r.rule} @ %{r.anchor} ") for m in d["misses"] + d["outside_misses"])
     if group in (NOT_EXPECTED_HERE, OP_GAP_GROUP):  # a gap's lines apart, as the text's heading (issue 39)
         key = "gap_refusals" if group == OP_GAP_GROUP else "not_expected"
-        lines = [x for lv in layers for x in lv[key]] if label is not None else d[key]
+        # a place in no layer of a layered graph: its own lines under `outside the layers:` (deit's pooler tanh)
+        lines = [x for lv in layers for x in lv[key]] if label is not None else d[key] + (
+            d["outside_gaps"] if group == OP_GAP_GROUP else [])
         return any(re.match(rf"{re.escape(r.rule)} \({re.escape(r.guard)}\) (@|at \d+ places,) [^:]*%{r.anchor} \(", x)
                    for x in lines)
     if group == ILLEGAL_HERE_GROUP:

@@ -290,6 +290,8 @@ def picture(source: Trace | Graph, v: View, heat: Heat = ()) -> tuple[Graph, Ove
     if v.view == "layers" and trace is not None:
         kw["placed"] = placed(trace)  # placed by structure: boxed where `explain` says they sit
         kw["verdicts"] = settled_verdicts(trace, g)  # the final verdict, as the "why" view says it, on every box
+        if g is trace.final:  # the boxes outside the layers say the verdict's `outside the layers:` lines
+            kw["outside"] = Overlay.trace_summary(trace)
     if heat:
         ov = replace(ov or Overlay(), heat={i: (fill, line) for i, fill, line in heat if i in g})
     return g, ov, kw

@@ -233,25 +233,30 @@ def all_fused(graph: Graph, g: LayerGroup, static: Collection[int]) -> bool:
 
 
 def outside_status(g: LayerGroup, overlay: Overlay | None, of: Mapping[int, str]) -> str:
-    """The status of box `g` of a place outside the layers, by the rule of `explain`'s `outside the layers:` line
-    (`why.text.outside_line`, `--json` `outside_boxes`), which names the fused ops a place holds and calls nothing
-    there missed: `fused` when it holds a fused op, `partly fused` only where a near-miss refusal (neither the chips'
-    `○` nor `△`: `Overlay.excused`) of `overlay` is anchored in it (`of`: node id -> box key), `` with no fused op.
-    minilm's and roberta's `embeddings` read `partly fused`, yellow for "something was missed here", beside an op no
-    pass reports (roberta's integer position ids) or one only a `○` refuses (minilm's embeddings norm, no residual
-    to take: nothing to fix), while esm.qdyn's, an ElementwiseRegion too, read `fused`. Raises nothing."""
+    """The status of box `g` of a place outside the layers, by the rule of `explain`'s `outside the layers:` lines
+    (`why.text.outside_line`, `--json` `outside_boxes` and `outside_gaps`): `fused` when it holds a fused op,
+    `partly fused` only where a near-miss refusal (neither the chips' `○` nor `△`: `Overlay.excused`) of `overlay`
+    is anchored in it (`of`: node id, or an id a node of the version absorbed -> box key), `OP_GAP` where a place at a
+    gap in rlxviz's ops is anchored and no near-miss (deit's pooler: its tanh read through a reshape; its gaps in
+    `g.gaps`), `` with no fused op. minilm's and roberta's `embeddings` read `partly fused` beside an op only a `○`
+    refuses (nothing to fix), while esm.qdyn's, an ElementwiseRegion too, read `fused`. Raises nothing."""
     if not g.fused:
         return ""
-    excused = overlay.excused if overlay is not None else frozenset()
-    near = any(r.layer is None and of.get(r.anchor) == g.key and (r.rule, r.anchor) not in excused
-               for r in (overlay.rejections if overlay is not None else ()))
-    return "partly fused" if near else "fused"
+    if overlay is None:
+        return "fused"
+    at = {(r.rule, r.anchor) for r in overlay.rejections if r.layer is None and of.get(r.anchor) == g.key}
+    if at - overlay.excused:
+        return "partly fused"
+    if at & overlay.gaps:  # the text's `gap in rlxviz's ops:` line under `outside the layers:` (deit's pooler tanh)
+        g.gaps = tuple(dict.fromkeys(x for pl in at & overlay.gaps for x in overlay.gap_names.get(pl, ())))
+        return OP_GAP
+    return "fused"
 
 
 def layer_groups(graph: Graph, overlay: Overlay | None = None,
                  verdicts: Mapping[int, Verdict] | None = None,
                  placed: Mapping[int, Layer | str] | None = None,
-                 refusals: Overlay | None = None) -> dict[str, LayerGroup]:
+                 refusals: Overlay | None = None, outside: Overlay | None = None) -> dict[str, LayerGroup]:
     """Compute nodes grouped by layer (in graph order), each with its fusion status.
 
     Args:
@@ -260,6 +265,8 @@ def layer_groups(graph: Graph, overlay: Overlay | None = None,
         refusals: the overlay whose rejections the boxes say instead of `overlay`'s (the after pane of a pass: the
             pass's own, `Overlay.before(step)`, which the after overlay does not mark on the graph it made), so a
             pass's before and after panes say alike what it found (`LayerGroup.found_by`).
+        outside: the overlay whose rejections the boxes outside the layers say (`outside_status`) instead: the run's
+            (`Overlay.trace_summary`) on the final version, as `explain`'s `outside the layers:` lines say them.
         verdicts: layer -> the session's final verdict (what "why didn't layer N fuse?" says); a layer whose verdict
             is `settled` takes its word as status, an unsettled one keeps its status at this version beside it.
         placed: node id -> where it sits, for the nodes `passes.placement.placed` places by the model's structure,
@@ -299,6 +306,8 @@ def layer_groups(graph: Graph, overlay: Overlay | None = None,
     live = live_nodes(graph)
     static = weight_only(graph) | {n.id for n in graph if n.id not in live}
     overlay = refusals or overlay
+    outside = outside or overlay
+    held = {**{a: of[n.id] for n in graph if n.id in of for a in n.absorbed}, **of}  # a refusal's anchor a match took
     for r in (overlay.rejections if overlay else ()):
         if r.layer in by_layer:
             by_layer[r.layer].rejections.append(r)
@@ -316,7 +325,7 @@ def layer_groups(graph: Graph, overlay: Overlay | None = None,
         if g.verdict is not None and g.verdict.settled:
             g.status = g.verdict.word
         elif g.layer is None:
-            g.status = outside_status(g, overlay, of)
+            g.status = outside_status(g, outside, held)
         elif g.state == "fused" and len([n for n in g.nodes if n.id not in static]) == 1:
             g.status = "fused"  # one fused op; weight preparation (e.g. merged Q/K/V weights) does not count
         elif g.rejections and not (g.verdict is not None and pristine):
@@ -372,13 +381,14 @@ def layer_signature(graph: Graph, g: LayerGroup) -> tuple:
 def layers_to_dot(graph: Graph, overlay: Overlay | None = None, title: str | None = None,
                   max_nodes: int = 1500, verdicts: Mapping[int, Verdict] | None = None,
                   expanded: Collection[int] = (), placed: Mapping[int, Layer | str] | None = None,
-                  refusals: Overlay | None = None) -> str:
+                  refusals: Overlay | None = None, outside: Overlay | None = None) -> str:
     """DOT source of the layer-collapsed view of `graph` (boxes `id="layer<i>"`, edges `L<src>_<dst>`).
 
     Args:
         verdicts: layer -> `Verdict`: the boxes say the session's status words (see `layer_groups`).
         placed: node id -> where it sits, for nodes placed by structure, not path (see `layer_groups`).
         refusals: the pass's refusals the boxes say, when not `overlay`'s (see `layer_groups`); never marked on nodes.
+        outside: the refusals the boxes outside the layers say (see `layer_groups`).
         expanded: layers drawn open in place: a cluster `id="layer<i>"` holding the layer's nodes as the full
             view draws them (`n<id>`, overlay marks included, edges `e<src>_<dst>` between drawn nodes); the
             other layers stay one box each. Layers the graph lacks are ignored.
@@ -387,7 +397,7 @@ def layers_to_dot(graph: Graph, overlay: Overlay | None = None, title: str | Non
         GraphTooLarge: more than `max_nodes` boxes and drawn nodes (a graph whose paths carry no layer
             structure, or too many layers expanded).
     """
-    groups = layer_groups(graph, overlay, verdicts, placed, refusals)
+    groups = layer_groups(graph, overlay, verdicts, placed, refusals, outside)
     opened = [g for g in groups.values() if g.layer is not None and g.layer in set(expanded)]
     inside = {n.id for g in opened for n in g.nodes}
     if len(groups) + len(inside) > max_nodes:

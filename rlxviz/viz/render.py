@@ -30,7 +30,8 @@ def render_dot(graph: Graph, overlay: Overlay | None = None, *, view: str = "ful
                radius: int = 0, show_params: bool = False, edge_labels: bool = False,
                max_nodes: int = MAX_NODES, title: str | None = None,
                verdicts: Mapping[int, Verdict] | None = None, expanded: Collection[int] = (),
-               placed: Mapping[int, Layer | str] | None = None, refusals: Overlay | None = None) -> str:
+               placed: Mapping[int, Layer | str] | None = None, refusals: Overlay | None = None,
+               outside: Overlay | None = None) -> str:
     """DOT source for one graph version.
 
     Args:
@@ -49,6 +50,8 @@ def render_dot(graph: Graph, overlay: Overlay | None = None, *, view: str = "ful
             structure, not path (`passes.placement.placed`, `layers.layer_groups`).
         refusals: layers view: the pass's refusals its boxes say when `overlay` does not hold them (the after pane:
             `Overlay.before(step)`; `layers.layer_groups`).
+        outside: layers view: the run's refusals the boxes outside the layers say (`Overlay.trace_summary`, on the
+            final version: the verdict's `outside the layers` lines), else `refusals` or `overlay`'s.
 
     Raises:
         ValueError: unknown view, or `focus` names a layer the graph lacks.
@@ -58,7 +61,7 @@ def render_dot(graph: Graph, overlay: Overlay | None = None, *, view: str = "ful
         raise ValueError(f"[render_dot] view must be one of {VIEWS}, got {view!r}")
     title = drawing_title(graph, overlay, view=view, focus=focus, radius=radius) if title is None else title
     if view == "layers":
-        return layers_to_dot(graph, overlay, title, max_nodes, verdicts, expanded, placed, refusals)
+        return layers_to_dot(graph, overlay, title, max_nodes, verdicts, expanded, placed, refusals, outside)
     include = focus_ids(graph, focus, radius) if focus is not None else None
     if include is not None and overlay is not None:
         # a rejection in the focused layer is drawn whole: its offending nodes may lie outside the layer's scope

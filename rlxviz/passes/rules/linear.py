@@ -30,7 +30,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
-from ...ir import Graph, Op, Rewriter
+from ...ir import Graph, Node, Op, Rewriter
 from ...ir.infer import TensorType
 from ...ir.ops import ACTIVATIONS
 from ..activations import SQUARED_RELU, activation_of, owns_users
@@ -117,9 +117,12 @@ def _epilogue(c: Ctx) -> Fail | None:
                     "compiler", subject=form.out, kind=NOT_RECOGNIZED, remedy=COMPILER_ONLY,
                     fix=f"add {form.name} to the epilogue allow-list, with an op for it (rlxviz has none: it is "
                         "written as primitives)")
+    moves, users = _through_relayouts(c.graph, users)
     if len(users) != 1 or users[0].op.value not in {a.value for a in _ACTS}:
         return QUIET  # no activation epilogue to absorb: not a near-miss
     act = users[0]
+    if moves:
+        return _through_fail(c, moves, act)
     if act.op.value not in EPILOGUE_ACTIVATIONS:
         return Fail("guard", "epilogue_activation",
                     f"{c.d('add')} feeds {act.op.value} (node {act.id}); the epilogue allow-list is "
@@ -139,6 +142,45 @@ def _epilogue(c: Ctx) -> Fail | None:
 
 
 _ACTS = ACTIVATIONS
+_RELAYOUTS = frozenset({Op.RESHAPE, Op.TRANSPOSE})
+"""Movement ops that only relabel every element (no element dropped or repeated): a unary elementwise activation
+commutes with them exactly, `act(reshape(y)) == reshape(act(y))`."""
+
+
+def _through_relayouts(g: Graph, users: tuple[Node, ...]) -> tuple[tuple[Node, ...], tuple[Node, ...]]:
+    """`(relayouts, users)`: the chain of single-reader reshapes/transposes (`_RELAYOUTS`, none a graph output) from
+    the bias add's users on, and the users after it; `((), users)` when the add's one user is not such a node. A
+    pooler's `tanh(reshape(x @ w + b))` (ONNX Runtime's optimized ViT/DeiT) reaches its activation so."""
+    moves: list[Node] = []
+    while len(users) == 1 and users[0].op in _RELAYOUTS and not g.is_output(users[0].id):
+        moves.append(users[0])
+        users = g.users(users[0].id)
+    return tuple(moves), users
+
+
+def _through_fail(c: Ctx, moves: tuple[Node, ...], act: Node) -> Fail:
+    """The refusal of an activation read through relayouts (`_through_relayouts`): the rule's epilogue takes the
+    activation only as the bias add's own reader, so the linear is fused without it. No model change: the fix is the
+    compiler's (read the activation through the relayout, exact since it commutes with it; for an activation off the
+    allow-list, the allow-list too)."""
+    via = ", ".join(f"{m.op.value} (node {m.id})" for m in moves)
+    chain = (c.id("add"), *(m.id for m in moves), act.id)
+    edges = tuple(zip(chain, chain[1:], strict=False))
+    name = act.op.value
+    listed = name in EPILOGUE_ACTIVATIONS
+    why = ("the epilogue takes an activation only as the bias add's own reader" if listed else
+           f"the epilogue allow-list is {', '.join(EPILOGUE_ACTIVATIONS)}, and it takes an activation only as the "
+           f"bias add's own reader")
+    read = (f"read through the {'/'.join(dict.fromkeys(m.op.value for m in moves))} (an elementwise activation "
+            "commutes with it: exact)")
+    fix = (f"FusedMatMulBiasAct with its activation {read}" if listed else
+           f"add {name} to the epilogue allow-list ({_HAS_KERNEL.get(name, '')}ir.ops.EPILOGUE_ACTIVATIONS), with "
+           f"the activation {read}")
+    return Fail("guard", "epilogue_activation",
+                f"{c.d('add')} feeds {name} (node {act.id}) through {via}; {why}, so the linear is fused without "
+                f"its activation", (*(m.id for m in moves), act.id), edges,
+                "keep the model: the fix is in the compiler", subject=act.id, kind=NOT_RECOGNIZED,
+                remedy=COMPILER_ONLY, fix=fix)
 _HAS_KERNEL = {"gelu_tanh": "the MLX lowering and rlxviz's CPU kernels already compute it: ",
                "relu": "the MLX lowering and rlxviz's CPU kernels already compute it: "}
 """What the compiler fix can say of an activation off the allow-list whose epilogue code exists already

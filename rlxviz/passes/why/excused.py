@@ -204,9 +204,10 @@ def layer_gaps(arch: Architecture, refused: Iterable[Outcome], excused: Iterable
     return list(out.values())
 
 
-def excused_misses(trace: Trace, arch: Architecture, layer: int | None, own: bool = True
+def excused_misses(trace: Trace, arch: Architecture, layer: int | None, own: bool = True, outside: bool = False
                    ) -> tuple[list[MissedFusion], dict[tuple[str, str], Excused]]:
     """`expected_misses` as data: the misses that count, and `(pattern, guard) -> Excused` for those that do not.
+    `outside`: only the refusals anchored in no layer (`layer` None: a pooler's, an embeddings').
     `own` False: a refusal's own fixes are not read for a gap in rlxviz's ops (`policy.compiler_fix_only`): a layer
     judged as its siblings' kind (`verdict.judged_kind`: a teaching variant's pre-LN layer among post-LN ones) is
     refused for its deviation, which is the model's, not for a form rlxviz lacks."""
@@ -214,7 +215,7 @@ def excused_misses(trace: Trace, arch: Architecture, layer: int | None, own: boo
     groups: dict[tuple[str, str, str, str, str], tuple[MissedFusion, dict[int, str], tuple[str, ...]]] = {}
     reasons: dict[tuple[str, str, str, str, str], dict[int, str]] = {}
     for m in RunFacts.of(trace).misses():
-        if layer is not None and layer_of(m.path) != layer:
+        if (layer is not None and layer_of(m.path) != layer) or (outside and layer_of(m.path) is not None):
             continue
         pass_name = m.pattern.split(".")[0]
         ex = excuse(arch, pass_name, m.guard, m.kind, m.remedy, m if own else None)
@@ -241,6 +242,15 @@ def excused_misses(trace: Trace, arch: Architecture, layer: int | None, own: boo
                                                                    workaround, rounded, reasons.get(key, {}), kind,
                                                                    mine, made_by)
     return kept, out
+
+
+def outside_refusals(trace: Trace, arch: Architecture) -> tuple[list[str], list[str]]:
+    """`(missed, gaps)`: the lines of the refusals anchored in no layer of a graph whose node paths name layers,
+    judged as the whole graph's kind `arch`: those that count (`str(MissedFusion)`) and those at a gap in rlxviz's
+    ops (`policy.gap_line`); a refusal not expected there is not said, as in a layer's short text. deit's ORT-optimized
+    pooler, `tanh(reshape(x @ w + b))`, left its tanh outside its FusedMatMulBiasAct and no line said so."""
+    misses, excused = excused_misses(trace, arch, None, outside=True)
+    return [str(m) for m in misses], [x.line for x in excused.values() if x.gaps]
 
 
 def expected_misses(trace: Trace, arch: Architecture, layer: int | None

@@ -19,12 +19,12 @@ from .verdict import ILLEGAL_HERE_GROUP, OP_GAP_GROUP, judged_kind, layer_verdic
 
 
 def _judged_as(facts: RunFacts, layer: int | None) -> Architecture | None:
-    """The kind a refusal at `layer` is judged as (`judged_kind`; the whole graph's kind in a graph whose node paths
-    name no layer); None for a place outside every layer of a layered graph (no verdict judges it by a layer)."""
+    """The kind a refusal at `layer` is judged as (`judged_kind`; the whole graph's kind at a place in no layer: the
+    verdict's `RunVerdict.outside_gaps` judge a layered graph's pooler so, `excused.outside_refusals`)."""
     key = ("judged", layer)
     if key not in facts.cache:
         if layer is None:
-            facts.cache[key] = None if facts.layers else classify_layer(facts.trace.input, None)
+            facts.cache[key] = classify_layer(facts.trace.input, None)
         else:
             facts.cache[key] = judged_kind(facts.trace, layer)[1] if layer in set(facts.layers) else None
     return facts.cache[key]

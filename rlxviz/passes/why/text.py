@@ -420,7 +420,7 @@ def run_dict(r: RunVerdict) -> dict[str, Any]:
     return {"model": r.model, "pipeline": r.pipeline, "ok": r.ok, "fused_layers": r.fused_layers,
             "checked_layers": len(r.layers), "gap_layers": r.gap_layers, "gap_forms": gap_forms(r),
             "final_op_counts": r.counts, "layers": [layer_dict(s) for s in r.layers], "outside_layers": r.outside,
-            "outside_boxes": r.outside_in,
+            "outside_boxes": r.outside_in, "outside_misses": r.outside_misses, "outside_gaps": r.outside_gaps,
             "misses": r.misses, "not_expected": r.not_expected, "gap_refusals": r.gap_refusals,
             "left_out": r.left_out,
             "left_out_groups": [{"kind": g, "heading": left_out_heading(g, len(lines)),
@@ -448,7 +448,9 @@ def render_run(r: RunVerdict, verbose: bool = False) -> str:
                          + [f"  not expected here: {x}" for x in r.not_expected]
                          + [f"  {OP_GAP_GROUP}: {x}" for x in r.gap_refusals]
                          + [f"  rlxviz's ops lack: {g}" for g in r.gaps] + _left_out(r))
-    outside = [outside_line(r)] if r.outside else []
+    outside = ([outside_line(r)] if r.outside or r.outside_misses or r.outside_gaps else []) \
+        + [f"  near-miss: {x}" for x in r.outside_misses] \
+        + [f"  {OP_GAP_GROUP}: {x}" for x in r.outside_gaps]
     return "\n".join([headline(r), *crashes, *(f"  {n}" for n in headline_notes(r)),
                       *(render_layer(s, verbose) for s in r.layers), *outside, *_left_out(r)])
 
@@ -457,7 +459,9 @@ def outside_line(r: RunVerdict) -> str:
     """The `outside the layers:` line: the fused ops credited to no layer (`RunVerdict.outside`), by the place each
     sits (`RunVerdict.outside_in`, the name of the app's layers-view box that holds it): `outside the layers:
     embeddings: ElementwiseRegion %798 (mark_elementwise_regions); final norm: FusedResidualLN %797
-    (fuse_residual_ln)`."""
+    (fuse_residual_ln)`; its refusals (`outside_misses`, `outside_gaps`) go on the lines below it."""
+    if not r.outside:
+        return f"{OUTSIDE_LAYERS}: {NO_FUSED_OP}"
     by: dict[str, list[str]] = {}
     for item in r.outside:
         by.setdefault(r.outside_in.get(item, ""), []).append(item)

@@ -20,7 +20,7 @@ from ..guard import DOES_NOT_PAY, MODEL_TERM, NOT_A_CANDIDATE, near_miss_kind
 from ..report import MissedFusion, left_out_line, left_out_rejections
 from ..trace import Rejection, Trace, resolve_layers, same_stack_as
 from . import text
-from .excused import OpGap, excused_misses, expected_misses, layer_gaps, places_words
+from .excused import OpGap, excused_misses, expected_misses, layer_gaps, outside_refusals, places_words
 from .facts import RunFacts, Unmade, fused_items, illegal_here, made_by, outside_items, recognized, silent
 from .kinds import LayerArchitecture
 from .policy import (
@@ -46,17 +46,14 @@ EXIT_OK, EXIT_NOT_FUSED = 0, 1
 
 LEFT_OUT = "left out"
 LEFT_OUT_GROUPS = (LEFT_OUT, MODEL_TERM, NOT_A_CANDIDATE, DOES_NOT_PAY)
-"""The kinds of `RunVerdict.left_out_groups`, in the order the text lists them (issue 39): what a fusion that happened
-left out (a soft rejection: a refused merge, an activation not absorbed), a place that keeps the model's own term
-(`guard.MODEL_TERM`: a term kept as a fusion's operand, cross-attention kept packed outside the block), and nodes that
-only look like a fusion's input (`guard.NOT_A_CANDIDATE`: never a candidate, so nothing any fusion left out), and
-refusals the tool's own cost test made (`guard.DOES_NOT_PAY`: a merge that would cost fusions; nothing to fix)."""
+"""The kinds of `RunVerdict.left_out_groups`, in the order the text lists them: what a fusion left out (a soft
+rejection), a place that keeps the model's own term (`guard.MODEL_TERM`), nodes that only look like a fusion's input
+(`guard.NOT_A_CANDIDATE`), and the tool's own cost test's refusals (`guard.DOES_NOT_PAY`: nothing to fix)."""
 
 ILLEGAL_HERE_GROUP = "illegal here"
 STANDING_GROUPS = (MODEL_TERM, NOT_A_CANDIDATE, DOES_NOT_PAY, NOT_EXPECTED_HERE, OP_GAP_GROUP, ILLEGAL_HERE_GROUP)
-"""The groups of `standing`: why a refusal is no near-miss (`policy.excuse`'s groups, `OP_GAP_GROUP` for the
-not-expected ones that are a gap in rlxviz's ops, and `ILLEGAL_HERE_GROUP` for a refusal illegal for its layer,
-`LayerVerdict.illegal`)."""
+"""The groups of `standing`: why a refusal is no near-miss (`policy.excuse`'s groups, `OP_GAP_GROUP` for a gap in
+rlxviz's ops, `ILLEGAL_HERE_GROUP` for a refusal illegal for its layer, `LayerVerdict.illegal`)."""
 
 
 def left_out_group(r: Rejection) -> str:
@@ -279,17 +276,15 @@ class RunVerdict:
         pipeline: the run's pipeline name.
         layers: the checked layers' verdicts, in layer order.
         counts: the final graph's fused-op counts.
-        misses: for a graph whose node paths name no layer: every missed fusion that counts for the whole graph's
-            kind, and every "no rule recognizes this" finding (then `ok` means none).
-        architecture: for a graph whose node paths name no layer: the whole graph's kind.
-        not_expected: for a graph whose node paths name no layer: rejections that do not count, with the reason.
+        misses / architecture / not_expected / recognized / cannot_make: for a graph whose node paths name no layer:
+            every missed fusion that counts for the whole graph's kind and every "no rule recognizes this" finding
+            (then `ok` means none); the whole graph's kind; rejections that do not count, with the reason; every
+            form recognized into a primitive op; what is legal in it that the pipeline cannot make.
         left_out_groups: `passes.report.left_out`'s lines by kind (`left_out_groups`): what fusions that happened
             left out, the model's own terms they kept, and lookalikes that were never a candidate; `left_out` is
             every line, in that order.
         crashed: the error of every pass that raised (its result discarded); any makes `ok` False.
-        recognized: for a graph whose node paths name no layer: every form recognized into a primitive op.
         expect: what the layers were judged against (`EXPECT_MODES`).
-        cannot_make: for a graph whose node paths name no layer: what is legal in it that the pipeline cannot make.
         model: the model's name, for the headline ("" when not given).
     """
 
@@ -313,6 +308,10 @@ class RunVerdict:
     `OP %ID (PASS)`: the text's `outside the layers:` line. Each fused op is said once: by one layer's line or here."""
     outside_in: dict[str, str] = field(default_factory=dict)  # item of `outside` -> its place (`outside_box`)
     gap_refusals: list[str] = field(default_factory=list)  # no layer in the node paths: the whole graph's
+    outside_misses: list[str] = field(default_factory=list)
+    """Node paths naming layers: the near-misses anchored in none (`excused.outside_refusals`), said under `outside the
+    layers:`, not counted (the headline and `ok` count layers). `outside_gaps`: those at a gap in rlxviz's ops."""
+    outside_gaps: list[str] = field(default_factory=list)
 
     @staticmethod
     def of(trace: Trace, expect: str = "model", layers: Iterable[int] | None = None, model: str = "") -> RunVerdict:
@@ -408,8 +407,10 @@ def _run_verdict(facts: RunFacts, expect: str, wanted: tuple[int, ...], every: b
     counts = trace.final.fused_op_counts()
     if facts.layers:
         out = outside_items(trace) if every else {}  # each fused op in no layer -> the place it sits
+        missed, gaps = outside_refusals(trace, classify_layer(trace.input, None)) if every else ([], [])
         return RunVerdict(trace.pipeline, statuses, counts, crashed=crashed, expect=expect, outside=list(out),
-                          left_out_groups=left_out_groups(trace, None if every else wanted), outside_in=out)
+                          left_out_groups=left_out_groups(trace, None if every else wanted), outside_in=out,
+                          outside_misses=missed, outside_gaps=gaps)
     arch = classify_layer(trace.input, None)
     misses, excused = excused_misses(trace, arch, None)
     return RunVerdict(trace.pipeline, statuses, counts, [str(m) for m in misses], arch,
