@@ -198,7 +198,8 @@ def test_each_excused_place_says_why_as_explain_does(name):
         return rule_guard, head.removeprefix(rule_guard), line.rsplit(sep, 1)[-1]
 
     said = {NOT_EXPECTED_HERE: [head_and_why(x, seps[NOT_EXPECTED_HERE]) for lv in v.layers for x in lv.not_expected],
-            OP_GAP_GROUP: [head_and_why(x, seps[OP_GAP_GROUP]) for lv in v.layers for x in lv.gap_refusals]}
+            OP_GAP_GROUP: [head_and_why(x, seps[OP_GAP_GROUP])
+                           for x in [*(y for lv in v.layers for y in lv.gap_refusals), *v.outside_gaps]]}
     for s in t.steps:
         p = step_places(s, t)  # the chip's ○ and, at a gap in rlxviz's ops, its △
         for g in (NOT_EXPECTED_HERE, OP_GAP_GROUP):
