@@ -18,7 +18,7 @@ from ..ir.ops import made_as
 from ..ir.printer import format_value
 from ..passes.made import made_in_run, made_words, remade_in_run, replaced
 from ..passes.pipeline import role_label
-from ..passes.placement import match_layer
+from ..passes.placement import match_layer, sits
 from ..passes.refusal_kinds import kind_words
 from ..passes.report import fix_line, in_context
 from ..passes.trace import (
@@ -145,8 +145,7 @@ def counterpart_line(before: Graph, after: Graph, node_id: int, pass_name: str) 
         made = ", ".join(f"%{i} {md_code(after[i].op.value)}" for i in in_after)
         return f"**became** {made} after {name} (marked in the after pane)"
     if node_id in after and in_before:
-        return (f"**made by** {name} from " + ", ".join(f"%{i}" for i in in_before)
-                + " (marked in the before pane)")
+        return f"**made by** {name} from " + ", ".join(f"%{i}" for i in in_before) + " (marked in the before pane)"
     return ""
 
 
@@ -172,8 +171,7 @@ def weights_left(rep: Mapping[str, Any]) -> str:
     holds 12: the panel listed 4 under "weights" with no word of the other 8): `4 of 12 weights summarized (at most
     4 per node); the others: ...`, each name quoted; "" when every one is shown."""
     held, shown = rep.get("weights_held", []), [name for name, _ in rep.get("weights", [])]
-    rest = [name for name in held if name not in shown]
-    if not rest:
+    if not (rest := [name for name in held if name not in shown]):
         return ""
     return (f"**weights**: {len(shown)} of {len(held)} summarized (at most {WEIGHTS_SHOWN} per node); the others, "
             "among the operands above: " + ", ".join(md_code(name) for name in rest))
@@ -198,8 +196,8 @@ def node_report(graph: Graph, node_id: int, trace: Trace | None = None,
             `onnx_domains` then gives the file's domain of each named node (else `onnx_domain` infers it).
 
     Returns:
-        dict with `id, op, attrs, shape, dtype, path, layer, pass_name, absorbed, ir, operands` (role lines;
-        `absorbed`: the ids it replaced itself, `passes.made.replaced`, as its drawing counts them),
+        dict with `id, op, attrs, shape, dtype, path, layer, pass_name, absorbed, ir, operands` (role lines; with
+        `trace`, `layer` and `place` say where it sits, `placement.sits`; `absorbed`: the ids it replaced itself),
         `users` (lines), `is_output`, `weights` ((name, lines) per weight tensor, at most `WEIGHTS_SHOWN`),
         `weights_held` (every weight's name, `weight_names`), `decisions`: `node_decisions`
         (one per decision of `trace` whose anchor, bindings, offending nodes or fused node is this node; messages
@@ -240,7 +238,8 @@ def node_report(graph: Graph, node_id: int, trace: Trace | None = None,
     report["made"] = made_words(node_id, graph, beside, versions)  # its product named in `graph` (`where_now`)
     report["was"] = {r.old: r.what} if (r := remade_in_run(trace).get(node_id)) is not None else {}  # gptj's %214
     report["decisions"] = node_decisions(trace, node_id)
-    report["verdict"] = _verdict(trace, layer_of(n.path), verdict)
+    report["layer"], report["place"] = sits(trace, n)  # where its box and `explain` say it sits, not its path
+    report["verdict"] = _verdict(trace, report["layer"], verdict)
     return report
 
 
@@ -452,9 +451,10 @@ def report_markdown(rep: dict[str, Any]) -> str:
     """The inspector's text for a `node_report`. Every piece that comes from the model (path, attribute values,
     operand and user lines, guard messages, the IR line) goes through `text.md_escape` / `md_code` / `md_pre`."""
     lines = [f"#### %{rep['id']} {md_code(rep['op'])} : {md_escape(rep['dtype'])}{md_escape(str(rep['shape']))}"]
-    if rep["path"]:
-        layer = f" (layer {rep['layer']})" if rep["layer"] is not None else ""
-        lines.append(f"**provenance** {md_code(rep['path'])}{layer}")
+    if rep["path"]:  # where it sits (`placement.sits`): a layer, or its place outside the layers (`final norm`)
+        at = f" (layer {rep['layer']})" if rep["layer"] is not None else \
+            md_escape(f" (outside the layers: {rep['place']})") if rep.get("place") else ""
+        lines.append(f"**provenance** {md_code(rep['path'])}{at}")
     if onnx := onnx_markdown(rep):  # the names Netron and Model Explorer show, so the node can be found there
         lines.append(onnx)
     # what it replaced itself (`passes.made.replaced`; a node made beside a product only the part it re-makes)

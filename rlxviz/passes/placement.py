@@ -18,18 +18,22 @@ graph optimizer named the nodes (ONNX Runtime's `SkipLayerNormalization` before 
 is compared with (`LayerExplanation.sibling`) and the ops said outside the layers (`RunVerdict.outside`) read one
 placement.
 
+A fused op that took in ops of no layer and is read by several layers is a value the layers share (`SHARED_RULE`:
+T5's attention mask plus relative position bias, made in block 0 and read by every block's attention; BLOOM's ALiBi
+mask), credited to no layer, whatever its match's path (its last step's, block 0's) says.
+
 What is credited to no layer sits in one named place (`outside_box`), which `explain`'s `outside the layers:` line
 says of each op and the app's layers view draws as a box of that name: a residual norm placed by the rule sits by
 structure, `final norm` when it reads what a layer made (the model's final norm), else `embeddings` (the embeddings'
 norm), whatever path an export gave it; every other op by the first part of its path (`embeddings`, `pooler`; `other`
-for none). A residual norm the rule credits to a layer its path does not name sits in that layer's box. The no-layer
+for none). A product `match_layer` credits to a layer its path does not name sits in that layer's box. The no-layer
 nodes a placed norm absorbed (its norm, before the pass fused it) sit where it sits at every version, so a node's box
 never changes while the node stays the same (`placed`).
 """
 
 from __future__ import annotations
 
-from ..ir import Graph, Op
+from ..ir import Graph, Node, Op
 from ..ir.identity import DigestCache
 from .architecture import classify_layer
 from .trace import Layer, Match, Trace, layer_of
@@ -43,6 +47,25 @@ RESIDUAL_NORM_RULE = ("a residual norm at a layer's edge is said by the layer wh
 """`match_layer`'s rule in words."""
 
 
+SHARED_RULE = ("a fused op that took in ops of no layer and is read by several layers is a value they share (T5's "
+               "attention mask plus relative position bias, made once in block 0 and read by every block's "
+               "attention): it is said outside the layers, in the place of its path")
+"""`shared`'s rule in words."""
+
+
+def shared(g: Graph, node: int) -> bool:
+    """Whether node `node` of `g` is a value the layers share (`SHARED_RULE`): its path, the common path of what it
+    took in, names no layer, and its readers' paths name more than one layer. T5's `ElementwiseRegion` of the mask's
+    `where` (path `model.encoder`) and block 0's position-bias `add` (`model.encoder.block.0.layer.0.SelfAttention`),
+    read by both encoder blocks' attentions, is shared; the match's own path (its last step's) named block 0, so
+    `explain` credited block 0 with a fusion every block reads, while the app boxed it by its path, outside the
+    layers. A region all in one layer's path (clip-vision's residual sum, read by its layer and the next) is that
+    layer's; a region of no layer that one layer reads (gemma3's per-layer mask) is that layer's."""
+    if layer_of(g[node].path) is not None:
+        return False
+    return len({k for u in g.users(node) if (k := layer_of(u.path)) is not None}) > 1
+
+
 def match_layer(source: Graph, before: Graph, after: Graph, m: Match) -> Layer | None:
     """The layer `m` is credited to (None: outside the layers).
 
@@ -54,10 +77,12 @@ def match_layer(source: Graph, before: Graph, after: Graph, m: Match) -> Layer |
 
     Returns:
         `m.layer` (its path's layer), except for a residual norm (`RESIDUAL_NORMS`) with a bound residual sum, placed
-        by `RESIDUAL_NORM_RULE`.
+        by `RESIDUAL_NORM_RULE`, and a value the layers share (`SHARED_RULE`, `shared`): None.
     """
-    if m.fused is None or m.fused not in after or after[m.fused].op not in RESIDUAL_NORMS:
+    if m.fused is None or m.fused not in after:
         return m.layer
+    if after[m.fused].op not in RESIDUAL_NORMS:
+        return None if shared(after, m.fused) else m.layer
     s = m.bindings.get("sum")
     if s is None or s not in before:
         return m.layer
@@ -100,32 +125,34 @@ _PLACED: DigestCache[dict[int, Layer | str]] = DigestCache(limit=4)
 
 
 def placed(trace: Trace) -> dict[int, Layer | str]:
-    """Node id -> where it sits, for the nodes of any version of `trace` whose path does not say it: each residual
-    norm that `match_layer` credits elsewhere than its path's layer (a layer; for none, its place outside the layers:
-    `FINAL_NORM_BOX` when it reads what a layer made, else `EMBEDDINGS_BOX`), and the nodes in no layer by path
-    that it absorbed (`Node.absorbed`: never an operand it reads), through every earlier match that made them
-    (esm.qdyn's `layer_norm` %768, path `encoder.emb_layer_norm_after`, before `fuse_residual_ln` made
-    `FusedResidualLN` %797 of it: `final norm`; node ids are never reused). What `explain` says of these nodes and
-    where the app's layers view boxes them. Made once per trace."""
+    """Node id -> where it sits, for the nodes of any version of `trace` whose path does not say it: each match's
+    product that `match_layer` credits elsewhere than its path's layer (a layer: falcon.ortopt's residual-sum region
+    of path `model.h`, credited to layer 1 by its match; for none, its place outside the layers: a residual norm's
+    `FINAL_NORM_BOX` when it reads what a layer made, else `EMBEDDINGS_BOX`; any other op's `path_box`), and the
+    nodes in no layer by path that it absorbed (`Node.absorbed`: never an operand it reads), through every earlier
+    match that made them (esm.qdyn's `layer_norm` %768, path `encoder.emb_layer_norm_after`, before
+    `fuse_residual_ln` made `FusedResidualLN` %797 of it: `final norm`; node ids are never reused). What `explain`
+    says of these nodes and where the app's layers view boxes them. Made once per trace."""
     hit = _PLACED.get(trace)
     if hit is not None:
         return hit
     made: dict[int, tuple[tuple[int, ...], Graph]] = {}  # a match's node -> (what it absorbed, the graph before)
-    norms: dict[int, Layer | str] = {}
+    moved: dict[int, Layer | str] = {}
     for s in trace.steps:
         for m in s.matches:
             if m.fused is None or m.fused not in s.after:
                 continue
-            made[m.fused] = (s.after[m.fused].absorbed, s.before)
-            if s.after[m.fused].op not in RESIDUAL_NORMS:
-                continue
-            k = match_layer(trace.input, s.before, s.after, m)
-            if k is None:
-                norms[m.fused] = FINAL_NORM_BOX if _reads_a_layer(s.after, m.fused) else EMBEDDINGS_BOX
-            elif k != layer_of(s.after[m.fused].path):  # a norm whose path names no layer or another one
-                norms[m.fused] = k
-    out = dict(norms)
-    for f, place in norms.items():
+            n = s.after[m.fused]
+            made[m.fused] = (n.absorbed, s.before)
+            k, own = match_layer(trace.input, s.before, s.after, m), layer_of(n.path)
+            if k is None and n.op in RESIDUAL_NORMS:
+                moved[m.fused] = FINAL_NORM_BOX if _reads_a_layer(s.after, m.fused) else EMBEDDINGS_BOX
+            elif k is None and own is not None:  # credited to no layer, its path names one
+                moved[m.fused] = path_box(n.path)
+            elif k is not None and k != own:  # a product whose path names no layer or another one
+                moved[m.fused] = k
+    out = dict(moved)
+    for f, place in moved.items():
         todo = [f]
         while todo:
             absorbed, before = made.get(todo.pop(), ((), None))
@@ -138,6 +165,17 @@ def placed(trace: Trace) -> dict[int, Layer | str]:
     return out
 
 
+def sits(trace: Trace, n: Node) -> tuple[Layer | None, str]:
+    """(layer, place outside the layers) where node `n` of a version of `trace` sits, as its box in the app's layers
+    view and `explain` say (`placed`, else its path's layer): `(layer, "")` in a layer, `(None, place)` for a node
+    `placed` puts outside the layers (`final norm`), `(None, "")` for any other node of no layer (its path says
+    where: `path_box`). The inspector's `(layer N)` beside the node's path."""
+    where = placed(trace).get(n.id)
+    if where is None:
+        return layer_of(n.path), ""
+    return (None, where) if isinstance(where, str) else (where, "")
+
+
 def outside_box(trace: Trace, node: int) -> str:
     """The place of node `node` of a version of `trace` credited to no layer (`placed`, else `path_box` of its path):
     what the `outside the layers:` line says of it, the name of the app's box that holds it."""
@@ -148,5 +186,5 @@ def outside_box(trace: Trace, node: int) -> str:
     return path_box(g[node].path) if g is not None else NO_PATH_BOX
 
 
-__all__ = ["EMBEDDINGS_BOX", "FINAL_NORM_BOX", "NO_PATH_BOX", "RESIDUAL_NORMS", "RESIDUAL_NORM_RULE", "match_layer",
-           "outside_box", "path_box", "placed"]
+__all__ = ["EMBEDDINGS_BOX", "FINAL_NORM_BOX", "NO_PATH_BOX", "RESIDUAL_NORMS", "RESIDUAL_NORM_RULE", "SHARED_RULE",
+           "match_layer", "outside_box", "path_box", "placed", "shared", "sits"]

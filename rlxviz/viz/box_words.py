@@ -41,11 +41,13 @@ def box_label(g: LayerGroup) -> str:
     lines.append(_small(summary, "#333333", 8))
     if g.verdict is not None and g.verdict.settled:
         lines += _verdict_lines(g.verdict, g)
+        if found := _found(g):  # what the pane's pass found there, as an unsettled box says it
+            lines += [_small(x, FOUND_INK.get(g.found, REJECT), 9) for x in _wrap(found, WRAP)]
     elif g.verdict is not None:  # an earlier version: the final verdict first, then what has happened so far
         lines += _verdict_lines(g.verdict)
         lines += [_small(x, "#555555", 9) for x in _wrap(f"at this version: {_so_far(g)}", WRAP)]
         if found := _found(g):  # what the pane's pass found there, named by it: the same in its before and after
-            lines += [_small(x, FOUND_INK.get(g.status, REJECT), 9) for x in _wrap(found, WRAP)]
+            lines += [_small(x, FOUND_INK.get(g.found, REJECT), 9) for x in _wrap(found, WRAP)]
     elif g.status == "fused":
         f = g.fused[0]
         by = _small(f"-> {f.op.value} by {f.pass_name}" if len(g.fused) == 1 else f"-> {_counted(g.fused)}", "#1b5e20")
@@ -124,30 +126,37 @@ def _so_far(g: LayerGroup) -> str:
 
 
 FOUND_INK = {OP_GAP: OP_GAP_INK, NOT_NEAR_MISS: NOT_NEAR_MISS_INK}
-"""The ink of a box's `_found` line by the box's status (else the rejection's red): the chips' marks' inks."""
+"""The ink of a box's `_found` line by what it found (`LayerGroup.found`; else the rejection's red): the chips'
+marks' inks."""
 
 
 def _found(g: LayerGroup) -> str:
-    """What the pass of the pane found in the layer (`LayerGroup.found_by`), named by it: `fuse_attention_block: △ 2
-    gaps in rlxviz's ops: ...`, `fuse_transformer_layer: rejected: h1_user_count`; "" when it refused nothing there.
-    The before pane's pass runs on the graph drawn; the after pane's made it: one pass, so both panes say it."""
+    """What the pass of the pane found in the layer (`LayerGroup.found_by`, `found`), named by it:
+    `fuse_attention_block: △ 2 gaps in rlxviz's ops: ...`, `fuse_transformer_layer: rejected: h1_user_count`; "" when
+    it refused nothing there. The before pane's pass runs on the graph drawn; the after pane's made it: one pass, so
+    both panes say it, on a box whose verdict is settled as on one whose is not."""
     if not g.found_by:
         return ""
-    if g.status == "rejected":
+    if g.found == "rejected":
         guards = list(dict.fromkeys(r.guard for r in sorted(g.rejections, key=lambda r: r.stage != "guard")))
         return f"{g.found_by}: rejected: {', '.join(guards[:2])}"
     return f"{g.found_by}: {_standing_words(g)}"
 
 
 def _standing_words(g: LayerGroup, most: int | None = None) -> str:
-    """`STATUS: GUARDS` of a box whose refusals are no near-miss (`most`: at most that many guards), but a box at
-    several gaps in rlxviz's ops, or one met by several guards, names each gap (`LayerGroup.gaps`, `group_words`), `△ 2
-    gaps in rlxviz's ops: its integer-matmul Q/K/V projections (integer_qkv), default_scale`, as the gap's `△` cluster
-    label does (`Overlay.standing_words`), never its one failing guard alone."""
-    if g.status == OP_GAP and (words := group_words(OP_GAP, g.gaps)) != OP_GAP:
+    """`STATUS: GUARDS` of a box whose refusals are no near-miss (`most`: at most that many guards; STATUS: what the
+    pane's pass found, `LayerGroup.found`, else the box's status), but a box at several gaps in rlxviz's ops, or one
+    met by several guards, names each gap (`LayerGroup.gaps`, `group_words`), `△ 2 gaps in rlxviz's ops: its
+    integer-matmul Q/K/V projections (integer_qkv), default_scale`, as the gap's `△` cluster label does
+    (`Overlay.standing_words`), never its one failing guard alone; a box at one gap names that gap alone, never a
+    further guard that is no gap (t5's decoder block 1 said `△ gap in rlxviz's ops: default_scale, self_attention`,
+    where `explain` calls `self_attention` the model's own term that fails next, newcomer run 22)."""
+    status = g.found or g.status
+    if status == OP_GAP and (words := group_words(OP_GAP, g.gaps)) != OP_GAP:
         return words
-    guards = list(dict.fromkeys(r.guard for r in g.rejections))
-    return f"{g.status}: {', '.join(guards[:most])}"
+    names = list(dict.fromkeys(n for _, n in g.gaps)) if status == OP_GAP else []
+    guards = names or list(dict.fromkeys(r.guard for r in g.rejections))
+    return f"{status}: {', '.join(guards[:most])}"
 
 
 def status_text(g: LayerGroup) -> str:

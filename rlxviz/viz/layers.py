@@ -118,9 +118,12 @@ class LayerGroup:
             a short name (`Overlay.gap_names`), each once: the box names them all (`_standing_words`).
         state: for a layer, what the graph drawn holds there (`fused`, `partly fused`, `rewritten`, `unfused`), with
             no refusal counted: `status` less what the pane's pass found (`box_words._so_far`).
-        found_by: the pass whose refusals in the layer make `status` `rejected` or a standing (`OP_GAP`,
-            `NOT_NEAR_MISS`): the pane's pass, on the before pane (it runs on the graph drawn) and on the after
-            pane (it made it); "" when the status is none of those.
+        found_by: the pass whose refusals in the layer `found` says: the pane's pass, on the before pane (it runs on
+            the graph drawn) and on the after pane (it made it); "" when it refused nothing there.
+        found: what `found_by` found in the layer: `rejected` or a standing (`OP_GAP`, `NOT_NEAR_MISS`), the box's
+            `status` when no settled verdict says it; a settled box says it too, apart from the verdict, so every
+            box a pass refused in names the pass (t5's decoder block 0, settled at `fuse_attention_block`, had no
+            `fuse_attention_block:` line while block 1 had, newcomer run 22). "" when `found_by` is "".
     """
 
     key: str
@@ -135,6 +138,7 @@ class LayerGroup:
     gaps: GapNames = ()
     state: str = ""
     found_by: str = ""
+    found: str = ""
 
     @property
     def fused(self) -> list[Node]:
@@ -253,6 +257,25 @@ def outside_status(g: LayerGroup, overlay: Overlay | None, of: Mapping[int, str]
     return "fused"
 
 
+def _find(g: LayerGroup, overlay: Overlay | None, pristine: bool) -> bool:
+    """Set what the pane's pass found in layer box `g` (`LayerGroup.found_by`, `found`, `gaps`) from its refusals
+    (`g.rejections`, of `overlay`); none on the input graph (`pristine`) of a layer with a verdict. A layer whose every
+    refusal is no near-miss (the chips' ○) is not found rejected; one of them at a gap in rlxviz's ops (the chips'
+    △, `Overlay.gaps`) is found that gap, with the gaps its places ran into. Returns whether it found anything."""
+    if not g.rejections or (g.verdict is not None and pristine):
+        return False
+    g.found_by = ", ".join(dict.fromkeys(r.pass_name for r in g.rejections))
+    excused = overlay.excused if overlay else frozenset()
+    at = {(r.rule, r.anchor) for r in g.rejections}
+    if not at <= excused:
+        g.found = "rejected"
+    else:
+        g.found = OP_GAP if overlay is not None and at & overlay.gaps else NOT_NEAR_MISS
+        if overlay is not None and g.found == OP_GAP:
+            g.gaps = tuple(dict.fromkeys(x for pl in at for x in overlay.gap_names.get(pl, ())))
+    return True
+
+
 def layer_groups(graph: Graph, overlay: Overlay | None = None,
                  verdicts: Mapping[int, Verdict] | None = None,
                  placed: Mapping[int, Layer | str] | None = None,
@@ -324,22 +347,13 @@ def layer_groups(graph: Graph, overlay: Overlay | None = None,
                 else "rewritten" if g.rewritten else "unfused"
         if g.verdict is not None and g.verdict.settled:
             g.status = g.verdict.word
+            _find(g, overlay, pristine)  # said apart from the verdict (`box_words._found`)
         elif g.layer is None:
             g.status = outside_status(g, outside, held)
         elif g.state == "fused" and len([n for n in g.nodes if n.id not in static]) == 1:
             g.status = "fused"  # one fused op; weight preparation (e.g. merged Q/K/V weights) does not count
-        elif g.rejections and not (g.verdict is not None and pristine):
-            g.found_by = ", ".join(dict.fromkeys(r.pass_name for r in g.rejections))
-            # a layer whose every refusal is no near-miss (the chips' ○) is not drawn as rejected; one of them at a
-            # gap in rlxviz's ops (the chips' △, `Overlay.gaps`) is drawn as that gap
-            excused = overlay.excused if overlay else frozenset()
-            at = {(r.rule, r.anchor) for r in g.rejections}
-            if not at <= excused:
-                g.status = "rejected"
-            else:
-                g.status = OP_GAP if overlay is not None and at & overlay.gaps else NOT_NEAR_MISS
-                if overlay is not None and g.status == OP_GAP:
-                    g.gaps = tuple(dict.fromkeys(x for pl in at for x in overlay.gap_names.get(pl, ())))
+        elif _find(g, overlay, pristine):
+            g.status = g.found
         else:
             g.status = g.state
     first: dict[tuple, int] = {}
