@@ -118,3 +118,16 @@ def test_a_bare_fc2_without_a_biased_norm_is_still_a_structure_miss():
     _, rej = find(fused_level_layer(fc2_bare=True), "fuse_transformer_layer",
                   PASSES["fuse_transformer_layer"].rules, params)
     assert [r.guard for r in rej] == ["fc2_bias_after_residual", "ln2_no_bias"]
+
+
+def test_a_gap_behind_the_residual_bias_fix_is_named_as_a_gap(capsys):
+    """albert.ortopt's layer 1 has the residual bias and a gelu_tanh FFN: the residual-bias fix checked alone leaves
+    `fc1_activation` standing, itself a gap (no FusedTransformerLayer with a gelu_tanh epilogue, as layer 0 says). It
+    read `fc1_activation (not recognized) fails next` and the layer "ops and patterns"; now both layers are gaps."""
+    path = ONNX / "ortopt" / "albert.ortopt.onnx"
+    v = RunVerdict.of(_trace(path))
+    assert v.ok and [lv.status.split(":")[0] for lv in v.layers] == ["fused as far as rlxviz's ops go"] * 2
+    code, text, _ = cli_run(capsys, "explain", path)
+    assert code == 0 and "fc1_activation (a gap in rlxviz's ops: FusedTransformerLayer with a gelu_tanh epilogue) " \
+                         "fails next" in text, text[:2000]
+    assert "ops and patterns" not in text
