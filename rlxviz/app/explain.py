@@ -10,7 +10,7 @@ The inspector's Markdown of a report (`report_markdown`) is `inspector_text`'s, 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -18,7 +18,7 @@ import numpy as np
 from ..ir import Graph, Node, Op, format_node, operand_roles
 from ..ir.ops import made_as
 from ..ir.printer import format_value
-from ..passes.made import made_in_run, made_words, remade_in_run, replaced
+from ..passes.made import Credit, credit, made_in_run, made_words, remade_in_run, replaced
 from ..passes.pipeline import role_label
 from ..passes.placement import match_layer
 from ..passes.report import fix_line, in_context
@@ -285,11 +285,17 @@ def node_decisions(trace: Trace, node_id: int) -> list[dict[str, Any]]:
         (`FusedMatMulBiasAct %6`, "" for a rewrite that made several nodes), `fused` (the `%id op` it replaced) and
         `left_out` (one dict per soft rejection: `nodes, guard, kind, message, hint, fix, dead`). Outcomes:
 
-        * `fused`: the node is absorbed into a match's product (one of the nodes it replaced) or is that product;
-          `guard` is `all guards passed`, or, when the fusion left something out, the first such guard (its
-          message and hints too);
-        * `operand`: the node is bound to a role of a match (`role`) but stays, as an input of the product: the
-          same fields as `fused`;
+        * `fused`: the node is one the match's product replaced itself (`made.credit`'s `replaced`, the product's
+          `fused` list) or is that product; `guard` is `all guards passed`, or, when the fusion left something out,
+          the first such guard (its message and hints too); a product's entry has `remade` (`%218
+          FusedMatMulBiasAct as FusedMatMulBiasAct %231`: what the step re-made beside it, never in its list) and
+          `kept` (what it copied and left for other readers);
+        * `re-made`: the node of the match that a node made beside its product replaced (`by`: `FusedMatMulBiasAct
+          %231`, gpt-neox's QKV projection %218 re-made by `qkv_columns`): the same fields as `fused`;
+        * `kept`: copied into the product, still there for its other readers; `operand`: the node is bound to a
+          role of a match (`role`) but stays, as an input of the product: the same fields as `fused`;
+        * `bound`: the node is bound to a role of a candidate refused as a whole (each failing guard about its
+          anchor) that no guard is about: `about` names the guards, said at the anchor (`_bound`);
         * `left out`: the node is what a fusion left out (a soft rejection's offending node, not part of the
           match): `guard` and `message` say why, `made` / `fused` what was fused without it;
         * `rejected (STAGE)`: a refused candidate's guard (one entry per failing guard and role).
@@ -310,6 +316,7 @@ def node_decisions(trace: Trace, node_id: int) -> list[dict[str, Any]]:
             seen.add(key)
             out.append(d)
 
+    beside, versions = made_in_run(trace), all_versions(trace)
     for k, s in enumerate(trace.steps):
         standings: dict[tuple[str, int], tuple[Rejection, tuple[str, str] | None]] | None = None
         marks: tuple[dict[tuple[str, int], GapNames], Followers] | None = None  # the step's gap places, once
@@ -323,25 +330,26 @@ def node_decisions(trace: Trace, node_id: int) -> list[dict[str, Any]]:
             told.add((m.rule, m.anchor))
             role = next((r for r, i in m.bindings.items() if i == node_id), None)
             mine = m.anchor == node_id or role is not None or m.fused == node_id
-            made = s.after.get(m.fused) if m.fused is not None else None
-            # absorbed: among the nodes the fusion replaced (a rewrite that made several: gone from its output);
-            # else bound to a role that stays an input of the product (an operand of it)
-            absorbed = node_id in made.absorbed if made is not None else node_id not in s.after
             if not mine and not any(node_id in r.offending for r in left):
                 continue  # nothing about this node (the words below are made only for its own decisions)
-            fused = _ops(s.before, made.absorbed) if made is not None else []
+            made = s.after.get(m.fused) if m.fused is not None else None
+            # what the product replaced itself, what the step re-made beside it, what it copied and kept
+            # (`made.credit`: gpt-neox's attention %237 never "fused" the QKV projection %218 re-made as %231)
+            cr = credit(made, s.after, beside, versions) if made is not None else None
             if left and standings is None:
                 standings = place_standings(trace, k)
             what = {"pass": s.pass_name, "rule": m.rule, "anchor": m.anchor, "place": _place(s.before, m.anchor),
-                    "made": f"{made.op.value} %{made.id}"
-                    if made is not None else "", "fused": fused,
+                    "made": f"{made.op.value} %{made.id}" if made is not None else "",
+                    "fused": _ops(s.before, cr.replaced) if cr is not None else [],
+                    "remade": _remade(s.before, s.after, cr.remade) if cr is not None else [],
+                    "kept": _ops(s.before, cr.kept) if cr is not None else [],
                     "left_out": [_left(trace, k, r, standings or {}) for r in left]}
             if mine:
                 first = what["left_out"][0] if left else None
-                taken = m.fused == node_id or absorbed
+                outcome, by = _outcome(node_id, m.fused, cr, s.after)
                 add({**what, "role": "fused node" if m.fused == node_id else (role_label(m.rule, role) if role
                                                                               else "anchor"),
-                     "outcome": "fused" if taken else "operand",
+                     "outcome": outcome, "by": by,
                      "guard": first["guard"] if first else "all guards passed",
                      **({k2: first[k2] for k2 in ("message", "hint", "kind", "fix", "dead")} if first else
                         {"message": "", "hint": "", "kind": "", "fix": "", "dead": ()})})
@@ -351,9 +359,13 @@ def node_decisions(trace: Trace, node_id: int) -> list[dict[str, Any]]:
                     add({**what, "role": "left out", "outcome": "left out", "guard": r.guard,
                          "message": d["message"], "hint": d["hint"], "kind": r.kind, "fix": r.fix, "dead": r.dead,
                          "gap": d["gap"], "left_out": [d]})
+        bound: dict[tuple[str, int], list[Rejection]] = {}  # refused places binding the node, their refusals
+        said: set[tuple[str, int]] = set()  # refused places that told the node a guard
         for r in s.rejections:
             if r.soft and (r.rule, r.anchor) in told:
                 continue  # said with its fusion, above
+            if node_id in r.bindings.values() and not r.soft:  # the candidate refused as a whole: at its anchor
+                bound.setdefault((r.rule, r.anchor), []).append(r)
             # a candidate of several places (a layer's two residual norms, anchored at its attention) binds the
             # nodes of all; a failing guard is about one (`Rejection.place_role`): a node bound to another role is
             # not told of it, unless it is the candidate's anchor or what the guard marks
@@ -378,7 +390,57 @@ def node_decisions(trace: Trace, node_id: int) -> list[dict[str, Any]]:
                      "anchor": r.anchor,
                      "place": _place(s.before, r.anchor, place, r.bindings.get(place or "", r.anchor)),
                      "made": "", "fused": [], "left_out": []})
+                said.add((r.rule, r.anchor))
+        for (rule, anchor), refusals in bound.items():
+            # bound only to roles its guards are not about, each guard about the candidate as a whole (the
+            # anchor): the role the drawing gives it in the candidate's cluster. A candidate of several places
+            # (a layer's two residual norms) tells a node bound to neither place's role nothing (issue 39)
+            whole = all(r.bindings.get(r.place_role or "", r.anchor) == r.anchor for r in refusals)
+            if (rule, anchor) not in said and whole:
+                standings = standings if standings is not None else place_standings(trace, k)
+                add(_bound(s, node_id, refusals, place_status(*standings[(rule, anchor)])))
     return out
+
+
+def _bound(s: PassStep, node_id: int, refusals: Sequence[Rejection], standing: str) -> dict[str, Any]:
+    """The entry of node `node_id` bound to a role of a candidate of step `s` refused as a whole, whose failing
+    guards (`refusals`, each about its anchor: `Rejection.place_role`) are told to the anchor (`node_decisions`):
+    gpt-neox's FusedMatMulBiasAct %231, `qkv` of `fuse_attention_block.qkv_attention_out` at attention %237, drawn
+    with that role in the candidate's cluster. Outcome `bound`, no guard of its own; `about`: the failing guards
+    (`rope_full_rotary`, `attn_single_user`); `standing` the place's (`places.place_status`)."""
+    r = refusals[0]
+    role = next(k for k, i in r.bindings.items() if i == node_id)
+    return {"pass": s.pass_name, "rule": r.rule, "anchor": r.anchor, "role": role_label(r.rule, role),
+            "outcome": "bound", "standing": standing, "guard": "",
+            "about": list(dict.fromkeys(x.guard for x in refusals)),
+            "message": "", "hint": "", "kind": "", "fix": "", "dead": (), "place": _place(s.before, r.anchor),
+            "made": "", "fused": [], "left_out": []}
+
+
+def _remade(before: Graph, after: Graph, remade: Mapping[int, int]) -> list[str]:
+    """`%218 FusedMatMulBiasAct as FusedMatMulBiasAct %231` for each node a match's step re-made beside its product
+    (`made.Credit.remade`), the ids it re-makes together: `%71 matmul, %75 matmul as matmul %191` (llama's packed
+    gate/up projection)."""
+    by: dict[int, list[int]] = {}
+    for old, new in remade.items():
+        by.setdefault(new, []).append(old)
+    return [f"{', '.join(_ops(before, olds))} as {after[new].op.value} %{new}" for new, olds in by.items()]
+
+
+def _outcome(node_id: int, product: int | None, cr: Credit | None, after: Graph) -> tuple[str, str]:
+    """The outcome of a node a match anchored on or bound (`node_decisions`), and the node that holds it now for
+    `re-made`: `fused` (the product, or among what it replaced itself: `cr.replaced`), `re-made` (a node the step
+    made beside the product replaced it: `cr.remade`, `FusedMatMulBiasAct %231`), `kept` (copied into the product,
+    still there for its other readers: `cr.kept`), else `operand` (bound, an input of the product). A rewrite
+    that made no product (`cr` None): `fused` when the node is gone from its version `after`."""
+    if cr is None:
+        return ("operand" if node_id in after else "fused"), ""
+    if node_id == product or node_id in cr.replaced:
+        return "fused", ""
+    if node_id in cr.remade:
+        new = cr.remade[node_id]
+        return "re-made", f"{after[new].op.value} %{new}"
+    return ("kept" if node_id in cr.kept else "operand"), ""
 
 
 def _gap_marks(trace: Trace, s: PassStep, standings: Mapping[tuple[str, int], tuple[Rejection, tuple[str, str] | None]]

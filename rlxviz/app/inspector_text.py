@@ -88,7 +88,10 @@ def report_markdown(rep: dict[str, Any]) -> str:
 PASSED, LEFT_OUT, REJECTED = ("<b style='color:#2e7d32'>fused</b>", "<b style='color:#e65100'>left out</b>",
                               "<b style='color:#c62828'>rejected</b>")
 OPERAND = "<b style='color:#1565c0'>operand</b>"
-"""The inspector's outcome words (green, orange, red; blue: bound as an input of a fusion, not absorbed)."""
+REMADE, KEPT = "<b style='color:#2e7d32'>re-made</b>", "<b style='color:#1565c0'>kept</b>"
+"""The inspector's outcome words (green, orange, red; blue: bound as an input of a fusion, not absorbed; green
+`re-made`: replaced by a node the match made beside its product, `made.credit`; blue `kept`: copied into the product
+and still there for its other readers)."""
 NOT_NEAR_MISS = f"<b style='color:{NOT_NEAR_MISS_INK}'>○ {{standing}}</b>"
 """The inspector's word for a refused place that is no near-miss (grey, the chips' ○), `{standing}` its
 `place_status` (`not expected here`, `not a candidate`, ...), as the matches table's kind says it."""
@@ -139,20 +142,25 @@ def decision_markdown(d: dict[str, Any]) -> str:
     rule, role = md_code(d["rule"]), md_escape(d["role"])
     product = (f"{md_escape(', '.join(d['fused']))} -> {md_code(d['made'])}" if d.get("made")
                else "rewritten")
+    # what the step re-made beside the product and what the product copied but left for other readers: never in
+    # its own list (`made.credit`), as every other view credits them (`why.facts.remade_words`)
+    product += "".join(f"; {words}: {md_escape(', '.join(d[key]))}" for key, words in
+                       (("remade", "re-made beside it"), ("kept", "copied into it, kept for other readers"))
+                       if d.get(key))
+    passed = ("all guards passed" if not d.get("left_out") else
+              "; ".join(f"{_left_word(x)}: {md_escape(', '.join(x['nodes']) or 'a part of it')}, " + _why_of(x)
+                        for x in d["left_out"]))
+    of = md_code(d["made"]) if d.get("made") else f"{rule}'s rewrite"
     if d["outcome"] == "operand":  # bound to a role, not absorbed: an input of what the match made
-        of = md_code(d["made"]) if d.get("made") else f"{rule}'s rewrite"
-        passed = ("all guards passed" if not d.get("left_out") else
-                  "; ".join(f"{_left_word(x)}: {md_escape(', '.join(x['nodes']) or 'a part of it')}, "
-                            + _why_of(x)
-                            for x in d["left_out"]))
         return f"- {OPERAND} *{role}* of {of} ({rule} matched; {passed})"
+    if d["outcome"] == "re-made":  # replaced by a node made beside the product, not by the product
+        return f"- {REMADE} by {rule} as *{role}*: into {md_code(d['by'])} beside {of} ({passed})"
+    if d["outcome"] == "kept":  # copied into the product, still there for its other readers
+        return f"- {KEPT} by {rule} as *{role}*: copied into {of}, still here for its other readers ({passed})"
+    if d["outcome"] == "bound":  # bound to a role of a refused candidate whose guards are about other nodes
+        return _bound_markdown(d, rule, role)
     if d["outcome"] == "fused":
-        head = f"- {PASSED} by {rule} as *{role}*: {product}"
-        if not d.get("left_out"):
-            return head + "; all guards passed"
-        return head + "".join(f"; {_left_word(x)}: {md_escape(', '.join(x['nodes']) or 'a part of it')}, "
-                              + _why_of(x)
-                              for x in d["left_out"])
+        return f"- {PASSED} by {rule} as *{role}*: {product}; {passed}"
     why = _why_of(d)
     standing = d.get("standing", "")
     if d.get("follower"):  # beside a gap in rlxviz's ops, no gap itself: the drawing's note, never the gap's words
@@ -184,3 +192,17 @@ def _follower_markdown(d: Mapping[str, Any], rule: str, role: str, why: str) -> 
     reason = f" *Why:* {md_escape(caveat)}" if caveat else ""
     return (f"- {word} {md_escape(f['said'])} (not a near-miss): {rule} as *{role}*"
             + (f" ({md_escape(stage)})" if stage else "") + f": {why}{reason}")
+
+
+def _bound_markdown(d: Mapping[str, Any], rule: str, role: str) -> str:
+    """The item of a node bound to a role of a candidate refused as a whole (the `bound` entry of `node_decisions`),
+    in the place's standing word, as the drawing shows its role in the candidate's cluster: `△ gap in rlxviz's ops:
+    bound as *QKV projection* of fuse_attention_block.qkv_attention_out's candidate at %237 attention, refused there
+    by rope_full_rotary, attn_single_user (its guards are said at %237 attention)`."""
+    standing = d.get("standing", "")
+    word = (REJECTED if standing in ("", NEAR_MISS) else LEFT_OUT if standing == LEFT_OUT_STATUS else
+            (OP_GAP if standing == OP_GAP_GROUP else NOT_NEAR_MISS).format(standing=html_text(standing)))
+    about = ", ".join(f"**{guard}**" for guard in d.get("about", ()))
+    place = md_escape(d["place"])
+    return (f"- {word}: bound as *{role}* of {rule}'s candidate at {place}, refused there"
+            + (f" by {about}" if about else "") + f" (its guards are said at {place})")
