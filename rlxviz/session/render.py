@@ -207,9 +207,10 @@ def settled_verdicts(trace: Trace, g: Graph, ran: int | None = None) -> dict[int
     pane or version shows it. An earlier state of the layer, or the layer's final nodes at a version before that pass
     refused it there (bert-tiny's `dead_h1_user` layer 1 after `fuse_residual_ln` read `not fused / rejected:
     h1_user_count`, a refusal `fuse_transformer_layer` makes two steps later, newcomer run 22), gets the verdict with
-    `settled=False` (its box says `final: <word>` and what has happened to it so far, `viz.layers`), with the nodes
-    of the layer in `g` that the run's matches made (`Verdict.made`, from `why.facts.made_nodes`, the nodes the
-    verdict lists).
+    `settled=False` (its box says `final: <word>` and what has happened to it so far, `viz.layers`). Either way with
+    the nodes of the layer in `g` that the run's matches made (`Verdict.made`, from `why.facts.made_nodes`, the nodes
+    the verdict lists): a settled box says the plain ops among them beside its fused ones (`rewritten as attention`,
+    the CLI's `rewritten as: attention %312`), as an earlier version's box does.
 
     Args:
         trace: the run.
@@ -227,7 +228,7 @@ def settled_verdicts(trace: Trace, g: Graph, ran: int | None = None) -> dict[int
         step = why_step(trace, k)
         return now[k] == final.get(k) and (step is None or step < ran)
 
-    return {k: v if settled(k) else replace(v, settled=False, made=now[k] & listed.get(k, frozenset()))
+    return {k: replace(v, settled=settled(k), made=now[k] & listed.get(k, frozenset()))
             for k, v in verdicts(trace).items() if k in now}
 
 

@@ -84,16 +84,26 @@ def _verdict_lines(v: Verdict, g: LayerGroup | None = None) -> list[str]:
     word = _e(v.word) if g is not None else f"final: {_e(v.word)}"
     if v.held_back or v.at_gap:
         beside = f" {_small(_counted(g.fused) or v.none_made, OP_GAP_INK)}" if g is not None else ""
-        return [f'<FONT COLOR="{OP_GAP_INK}"><B>{word}</B></FONT>{beside}']
+        return [f'<FONT COLOR="{OP_GAP_INK}"><B>{word}</B></FONT>{beside}', *_rewritten(g)]
     if v.fused:
         beside = f" {_small(_counted(g.fused) or v.none_made, '#1b5e20')}" if g is not None else ""
-        return [f'<FONT COLOR="#1b5e20"><B>{word}</B></FONT>{beside}']
+        return [f'<FONT COLOR="#1b5e20"><B>{word}</B></FONT>{beside}', *_rewritten(g)]
     lines = [f'<FONT COLOR="{REJECT}"><B>{word}</B></FONT>']
     if v.guard:
         lines.append(f'<FONT COLOR="{REJECT}">rejected: {_e(v.guard)}</FONT>')
     if g is not None and g.fused:
         lines.append(_small(f"{len(g.fused)} of {len(g.nodes)} ops fused", "#555555"))
-    return lines
+    return lines + _rewritten(g)
+
+
+def _rewritten(g: LayerGroup | None) -> list[str]:
+    """The line(s) of a settled box (`g`; None: an earlier version's, which says it in `at this version:`) naming the
+    plain ops its layer's matches made (`LayerGroup.rewritten`), as the CLI's `rewritten as:` line does: bart-full's
+    decoder layer 0 said `FusedAttentionBlock, FusedResidualLN×3, FusedMatMulBiasAct×4` and dropped `rewritten as:
+    attention %312` at the final version while earlier versions' boxes said it (newcomer run 22)."""
+    if g is None or not g.rewritten:
+        return []
+    return [_small(x, "#555555", 9) for x in _wrap(f"{REWRITTEN_AS} {_counted(g.rewritten)}", WRAP)]
 
 
 def _counted(nodes: list[Node]) -> str:
