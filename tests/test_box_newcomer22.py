@@ -18,12 +18,15 @@ from clirun import case_trace
 
 from rlxviz.models import load_model
 from rlxviz.passes import Pipeline, Trace
-from rlxviz.passes.trace import Layer, layer_of
+from rlxviz.passes.placement import outside_box, placed
+from rlxviz.passes.trace import Layer, layer_label, layer_of
 from rlxviz.passes.why.verdict import RunVerdict, why_step
 from rlxviz.session.render import View, dot
 from rlxviz.session.variants import variant_named
 
 FIX = Path(__file__).parent / "fixtures" / "onnx"
+STUB = r'^\s*s(\d+) \[label="… %\d+ \w+\n([^"\n]*)'
+"""A stub's DOT line: (its node id, the place its second line says)."""
 
 
 @functools.cache
@@ -174,3 +177,31 @@ def test_a_final_box_says_what_the_cli_says_was_rewritten():
     t = _case("cases/bart-full.onnx")
     label = _label(dot(t, View(len(t.versions()) - 1, "layers")), "layer_decoder_0")
     assert "FusedMatMulBiasAct×4 rewritten as attention" in label, label
+
+
+def test_a_stub_names_the_place_the_cli_says():
+    """11. bart-full's Why drawing of encoder layer 0 drew its stub of the encoder's embeddings norm as `… %376
+    FusedResidualLN / encoder` (its path) where `explain` says `outside the layers: ... embeddings: FusedResidualLN
+    %376`; the decoder's narrows read `decoder.layers`, boxed in `decoder`. A stub of a node outside the layers says
+    its place (`placement.outside_box`), one placed in a layer its path does not name says that layer."""
+    t = _case("cases/bart-full.onnx")
+    why = dot(t, View(len(t.versions()) - 1, "full", "why", focus=_layer(t, "encoder", 0)))
+    stubs = dict(re.findall(STUB, why, re.M))
+    assert stubs["376"] == "embeddings", stubs
+    seen = 0
+    for name in ("cases/bart-full.onnx", "cases/deit.ortopt.onnx", "cases/esm.qdyn.onnx", "zoo/t5.encdec.onnx",
+                 "cases/gpt-neox.legacy-sdpa.onnx"):
+        t = _case(name)
+        where = placed(t)
+        for layer in sorted({k for n in t.input if (k := layer_of(n.path)) is not None}, key=repr):
+            for side, v in (("why", len(t.versions()) - 1), ("after", len(t.versions()) - 1), ("before", 20)):
+                source = dot(t, View(v, "full", side, focus=layer))
+                for j, place in re.findall(STUB, source, re.M):
+                    at = where.get(int(j))
+                    path = next(g[int(j)].path for _, g in t.versions() if int(j) in g)
+                    if isinstance(at, str) or (at is None and layer_of(path) is None):
+                        assert place == outside_box(t, int(j)), (name, layer, side, j, place)
+                        seen += 1
+                    elif at is not None and at != layer_of(path):
+                        assert place == layer_label(at), (name, layer, side, j, place)
+    assert seen >= 10

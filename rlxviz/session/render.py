@@ -306,8 +306,9 @@ def picture(source: Trace | Graph, v: View, heat: Heat = ()) -> tuple[Graph, Ove
         kw["expanded"] = v.expanded
     if v.view == "layers" and trace is not None and ov is None:
         ov = Overlay.trace_summary(trace)
+    if trace is not None:  # placed by structure: boxed (a stub says it) where `explain` says they sit
+        kw["placed"] = placed(trace)
     if v.view == "layers" and trace is not None:
-        kw["placed"] = placed(trace)  # placed by structure: boxed where `explain` says they sit
         ran = v.version if v.side == "after" else max(v.version - 1, 0) if v.side == "before" else \
             next((k for k, s in enumerate(trace.steps) if s.before is g), None)
         kw["verdicts"] = settled_verdicts(trace, g, ran)  # the final verdict, as the "why" view says it, on every box
