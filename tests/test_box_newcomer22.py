@@ -4,6 +4,10 @@
    rejected: h1_user_count`, red dashed, as if settled, because the layer's nodes are already those of the final
    graph; the refusal is `fuse_transformer_layer`'s, two steps later, and the pane to its left said `final: not
    fused`. A box before the pass that refuses its layer (`why_step`) says `final: ...`, as at every earlier version.
+5. deit.ortopt's final norm had a box only from version 23 on (`placement.placed`).
+9. a box outside the layers said nothing of what the pane's pass refused there (minilm's embeddings, `○1`).
+10. a settled box dropped the CLI's `rewritten as:` ops (bart-full's decoder layers, gptj, gpt-neox).
+11. a stub of the Why drawing said its node's path (`encoder`), not the CLI's place (`embeddings`).
 """
 
 from __future__ import annotations
