@@ -7,9 +7,10 @@ groups. Each layer box says whether the layer is fused (one FusedTransformerLaye
 Given the session's verdicts (`Verdict`, from the run's `passes.why.RunVerdict`, the answer the "why didn't layer N
 fuse?" view gives), a layer box says that verdict instead: `fused` or `not fused` (with the first guard). The verdict is
 the final one, what the whole pipeline did to the layer, whichever version is drawn: on a version where the layer is
-not yet as the final graph holds it (`Verdict.settled` False), the box says `final: fused` / `final: not fused` and,
-labelled `at this version:`, what the passes so far did to it (`unfused`, `partly fused`, ...), which also colours it,
-counting what their matches made in the layer: fused ops and plain ops a match made (`rewritten as attention`).
+not yet as the final graph holds it, or is but the pass that refuses it has not run (`Verdict.settled` False), the box
+says `final: fused` / `final: not fused` and, labelled `at this version:`, what the passes so far did to it (`unfused`,
+`partly fused`, ...), which also colours it, counting what their matches made in the layer: fused ops and plain ops a
+match made (`rewritten as attention`).
 A layer whose structure, status and final verdict (its words, the ops it made, its refused places by pattern, guard
 and count) are those of an earlier layer (`layer_signature`) says so on its box: "same as layer 0", so that a 32-layer
 model reads as one layer and its exceptions.
@@ -120,7 +121,10 @@ class LayerGroup:
             no refusal counted: `status` less what the pane's pass found (`box_words._so_far`).
         found_by: the pass whose refusals in the layer make `status` `rejected` or a standing (`OP_GAP`,
             `NOT_NEAR_MISS`): the pane's pass, on the before pane (it runs on the graph drawn) and on the after
-            pane (it made it); "" when the status is none of those.
+            pane (it made it); "" when the status is none of those. A box outside the layers: the pass of the pane's
+            refusals anchored in it, whatever its status (`outside_status`, what it holds).
+        found_as: what `found_by` found there: `rejected`, `OP_GAP` or `NOT_NEAR_MISS` (a layer's `status`; a box
+            outside the layers says it beside its own status, `box_words._found`); "" with no `found_by`.
     """
 
     key: str
@@ -135,6 +139,7 @@ class LayerGroup:
     gaps: GapNames = ()
     state: str = ""
     found_by: str = ""
+    found_as: str = ""
 
     @property
     def fused(self) -> list[Node]:
@@ -253,6 +258,25 @@ def outside_status(g: LayerGroup, overlay: Overlay | None, of: Mapping[int, str]
     return "fused"
 
 
+def _found_outside(g: LayerGroup, overlay: Overlay | None, of: Mapping[int, str],
+                   layers: Mapping[Layer, LayerGroup]) -> None:
+    """What the pane's pass (`overlay`) found in box `g` outside the layers, as a layer's box says it (`found_by`,
+    `found_as`, `rejections`; `gaps` where `g` holds none): its refusals anchored in `g` (`of`: node id, or an id a
+    node of the graph absorbed -> box key) and credited to no layer drawn (`layers`). minilm's `fuse_residual_ln`
+    refuses the embeddings' norm (`○ not near-miss: residual_same_shape`, the caption's and chip's `○1`) and no box
+    said so (newcomer run 22)."""
+    if overlay is None:
+        return
+    g.rejections = [r for r in overlay.rejections if r.layer not in layers and of.get(r.anchor) == g.key]
+    if not g.rejections:
+        return
+    at = {(r.rule, r.anchor) for r in g.rejections}
+    g.found_by = ", ".join(dict.fromkeys(r.pass_name for r in g.rejections))
+    g.found_as = "rejected" if not at <= overlay.excused else OP_GAP if at & overlay.gaps else NOT_NEAR_MISS
+    if g.found_as == OP_GAP and not g.gaps:
+        g.gaps = tuple(dict.fromkeys(x for pl in at & overlay.gaps for x in overlay.gap_names.get(pl, ())))
+
+
 def layer_groups(graph: Graph, overlay: Overlay | None = None,
                  verdicts: Mapping[int, Verdict] | None = None,
                  placed: Mapping[int, Layer | str] | None = None,
@@ -326,6 +350,7 @@ def layer_groups(graph: Graph, overlay: Overlay | None = None,
             g.status = g.verdict.word
         elif g.layer is None:
             g.status = outside_status(g, outside, held)
+            _found_outside(g, None if pristine else overlay, held, by_layer)  # the input: the run's, not its own
         elif g.state == "fused" and len([n for n in g.nodes if n.id not in static]) == 1:
             g.status = "fused"  # one fused op; weight preparation (e.g. merged Q/K/V weights) does not count
         elif g.rejections and not (g.verdict is not None and pristine):
@@ -340,6 +365,7 @@ def layer_groups(graph: Graph, overlay: Overlay | None = None,
                 g.status = OP_GAP if overlay is not None and at & overlay.gaps else NOT_NEAR_MISS
                 if overlay is not None and g.status == OP_GAP:
                     g.gaps = tuple(dict.fromkeys(x for pl in at for x in overlay.gap_names.get(pl, ())))
+            g.found_as = g.status
         else:
             g.status = g.state
     first: dict[tuple, int] = {}
