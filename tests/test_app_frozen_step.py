@@ -151,3 +151,90 @@ def test_a_step_joins_panels_queue_while_it_holds_messages_for_the_page(served, 
     assert socket.messages == 0 and len(queued) == 1
     assert [(e.model.id, e.attr) for e in queued[0]] == [(cols[0].id, "children"), (cols[1].id, "children"),
                                                           (div.id, "text")]
+
+
+# ---------------------------------------------------------------- Panel's write queue: a message is never left behind
+
+
+class _BusySocket:
+    """A page's socket whose write lock is taken while `busy` (Tornado's `write_lock`, as `_dispatch_msgs` reads it)."""
+
+    def __init__(self) -> None:
+        self.busy = True
+        self.sent: list[object] = []
+        self.write_lock = SimpleNamespace(_block=SimpleNamespace(_value=0))
+
+    def set_busy(self, busy: bool) -> None:
+        self.busy = busy
+        self.write_lock._block._value = 0 if busy else 1
+
+
+class _Conn:
+    """A server connection (hashable, as Panel keys its queue by connection)."""
+
+    def __init__(self, socket: _BusySocket) -> None:
+        self._socket, self.protocol = socket, Protocol()
+
+
+def _race(monkeypatch, kick: bool) -> tuple[list[object], int]:
+    """Panel's race, played out: a first write task is sending (its future pending, the socket busy) when a step's
+    message joins the queue; its task finds the socket busy, puts it back and starts another 10 ms later; the first
+    task ends, the queue's block with it, before that other task runs, which then sends nothing. `kick`: the step
+    also calls `_see_written`. Returns what the page received and how many messages the queue still holds."""
+    import asyncio
+
+    from rlxviz.app import step
+
+    doc = Document()
+    div = Div(text="")
+    doc.add_root(div)
+    events: list[object] = []
+    doc.on_change(events.append)
+    div.text, div.text = "Drawing the graph…", ""  # two patch events: Panel's write, then the step's
+    sock = _BusySocket()
+    conn = _Conn(sock)
+    sending: list[asyncio.Future] = []
+
+    def handler(c, msg=None, events=None):  # Panel's `extra_socket_handlers` route: a future per write
+        c._socket.sent.append(msg)
+        fut = asyncio.get_running_loop().create_future()
+        sending.append(fut)
+        return [fut]
+
+    monkeypatch.setitem(panel_document.extra_socket_handlers, _BusySocket, handler)
+    monkeypatch.setattr(step, "KICK_S", 0.02)
+
+    async def play() -> None:
+        loop = asyncio.get_running_loop()
+        sock.set_busy(False)
+        panel_document.schedule_write_events(doc, [conn], events[:1])  # Panel's own write: its task sends ...
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        assert len(sending) == 1
+        sock.set_busy(True)  # ... the socket is busy while it sends
+        panel_document.schedule_write_events(doc, [conn], events[1:])  # the step's message joins the queue
+        if kick:
+            step._see_written(doc)
+
+        def first_write_done() -> None:
+            sending[0].set_result(None)
+            sock.set_busy(False)
+        loop.call_later(0.004, first_write_done)  # the first task ends (and its block) before the retry at 10 ms
+        await asyncio.sleep(0.3)
+        for f in sending:
+            if not f.done():
+                f.set_result(None)
+
+    asyncio.run(play())
+    left = panel_document._WRITE_MSGS.pop(doc, None)
+    panel_document._WRITE_BLOCK.pop(doc, None)
+    return sock.sent, sum(len(m) for m in (left or {}).values())
+
+
+def test_a_message_panels_queue_left_behind_is_written(monkeypatch):
+    """The CI fault of stop 57 (1 run in 6): the page kept "Drawing the graph…" after the load had ended. Without
+    `_see_written` the step's message stays in Panel's queue (the control); with it, the page gets it."""
+    sent, left = _race(monkeypatch, kick=False)
+    assert (len(sent), left) == (1, 1)  # the control: Panel's first write reached the page, the step's is left
+    sent, left = _race(monkeypatch, kick=True)
+    assert (len(sent), left) == (2, 0)

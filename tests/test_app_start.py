@@ -40,9 +40,18 @@ def test_three_clicks_step_break_and_ask_why():
     assert not start.strip.visible
     start.show_on(True)
     assert start.strip.visible
+    assert not start.back.visible
     start.hide.clicks += 1
     start.show_on(True)
-    assert not start.strip.visible  # dismissed for the session
+    assert not start.strip.visible and start.back.visible  # dismissed, with a way back in the header
+    start.show_on(False)  # on another tab, brought back: it shows when its tabs do
+    start.back.clicks += 1
+    assert not start.strip.visible and not start.back.visible
+    start.show_on(True)
+    assert start.strip.visible
+    start.hide.clicks += 1
+    start.back.clicks += 1  # back on Graph or Why: at once
+    assert start.strip.visible and not start.back.visible
 
 
 def test_break_is_off_for_a_model_without_variants():

@@ -8,7 +8,8 @@ change to the model keeps its numbers: the rule `fuse_matmul_bias_act.bias_after
 `bias_after_residual`, not recognized, compiler fix only), which the project's standing rules count as a gap in
 rlxviz's ops (`why.standing`), in the text, `--json`, the app's Why tab and the chips alike. Where one norm reads the
 biased sum (post-LN BERT, a final norm) FusedResidualLN takes the bias (`fuse_residual_ln.biased`), and the rule is
-quiet: bert.ortopt's layers keep their verdict."""
+quiet: there FusedTransformerLayer's `ln1_no_bias`/`fc2_bias_after_residual` name the order and the gap
+(`test_post_ln_residual_bias`)."""
 
 from __future__ import annotations
 

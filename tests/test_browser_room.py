@@ -5,7 +5,9 @@
 - the version list shows its label whole (it cut "(33 ops)");
 - the Why tab's layer drawing opens over the whole window and Esc puts it back;
 - a page whose server stopped says so (it said nothing; clicks did nothing);
-- in one box per layer, the layers like layer 0 say "same as layer 0".
+- in one box per layer, the layers like layer 0 say "same as layer 0";
+- newcomer run 22: the strip's ✕ hid ①②③ until a reload (the header's "Start here" brings it back), the colours'
+  legend cut a line at the pane's edge and hid four under a scroll, a long pane title pushed `full` to a 2nd row.
 
 Every page but the stopped server's is watched (tests/served.py): no console error, no request off the machine.
 Screenshots go to test-artifacts/room-*.png.
@@ -71,6 +73,12 @@ def test_the_graph_keeps_450px_with_the_banner_and_the_why_drawing_opens_full_si
     with watched_page(browser, server[0], w, h) as pg:
         expect(pg.locator(".rv-version select")).to_contain_text("after")  # the passes ran (not the input first)
         _idle(pg)
+        # the strip's ✕ hides it; the header's "Start here" brings it back (only a reload did: newcomer run 22)
+        pg.locator(".rv-start-hide button").click()
+        expect(pg.locator(".rv-start")).to_be_hidden()
+        pg.locator(".rv-start-back button").click()
+        expect(pg.locator(".rv-start")).to_be_visible()
+        expect(pg.locator(".rv-start-back button")).to_be_hidden()
         pg.locator(".rv-start-step button").click()
         expect(pg.locator(".rv-start-note")).to_contain_text("Showing after")
         expect(pg.locator(".rv-start-drop button")).to_be_visible()  # the folded strip's way to the drop zone
@@ -114,6 +122,16 @@ def test_the_graph_keeps_450px_with_the_banner_and_the_why_drawing_opens_full_si
         expect(pg.locator(".rv-after g#layer1.node")).not_to_contain_text("same as")
         expect(pg.locator(".rv-after g#layer0.node")).not_to_contain_text("same as")
         pg.screenshot(path=str(ART / f"room-same-layers-{w}x{h}.png"))
+        # the colours' legend, open: every line whole (a line was cut at the pane's edge at 1280) and every line in
+        # view without scrolling; each pane's bar one row (a long title pushed `full` onto a second)
+        pg.locator(".rv-after .rv-ops > summary").click()
+        legend = pg.locator(".rv-after .rv-ops").evaluate("""e => { const l = e.querySelector('.rv-ops-list');
+            return [[...l.querySelectorAll('.rv-ops-row')].filter((r) => r.scrollWidth > r.clientWidth + 1).length,
+                    l.scrollHeight - l.clientHeight]; }""")
+        assert legend == [0, 0], legend
+        pg.locator(".rv-after .rv-ops > summary").click()
+        for bar in pg.locator(".rv-bar").all():
+            assert bar.bounding_box()["height"] <= 30, bar.bounding_box()
         pg.locator(".rv-view select").select_option("auto")
 
         # ③: the Why tab's drawing of the broken layer, full size and back

@@ -172,8 +172,9 @@ def test_layer_structure_steps_name_the_missing_pass():
 
 
 def fused_level_layer(ln1_bias=False, ln2_bias=False, fc2_act=None, swap2=False, ln2_plain=False, ln1_skip=False,
-                      ln2_skip=False):
-    """One BERT layer written directly with fused ops (for the FTL guards further down the chain)."""
+                      ln2_skip=False, fc2_bare=False):
+    """One BERT layer written directly with fused ops (for the FTL guards further down the chain); `fc2_bare`: FFN.2 a
+    bare matmul whose bias ln2 adds after the residual (ONNX Runtime's SkipLayerNormalization order)."""
     b = Builder("fused_layer")
     h, nh, inter = 16, 2, 32
     x = b.input("x", (1, 4, h))
@@ -190,7 +191,9 @@ def fused_level_layer(ln1_bias=False, ln2_bias=False, fc2_act=None, swap2=False,
         ins1 = [a, skip, p["rb"], p["g1"], p["b1"]] if ln1_bias else [a, skip, p["g1"], p["b1"]]
         h1 = b.emit(Op.FUSED_RESIDUAL_LN, ins1, eps=1e-12, has_bias=ln1_bias)
         f1 = b.emit(Op.FUSED_MATMUL_BIAS_ACT, [h1, p["fc1_w"], p["fc1_b"]], activation="gelu")
-        f2 = b.emit(Op.FUSED_MATMUL_BIAS_ACT, [f1, p["fc2_w"], p["fc2_b"]], activation=fc2_act)
+        f2 = (b.matmul(f1, p["fc2_w"]) if fc2_bare else
+              b.emit(Op.FUSED_MATMUL_BIAS_ACT, [f1, p["fc2_w"], p["fc2_b"]], activation=fc2_act))
+        ln2_bias = ln2_bias or fc2_bare
         if ln2_plain:
             out = b.layer_norm(b.add(f2, h1), p["g2"], p["b2"])
         else:
@@ -205,6 +208,7 @@ def fused_level_layer(ln1_bias=False, ln2_bias=False, fc2_act=None, swap2=False,
     ("ln1_no_bias", {"ln1_bias": True}),
     ("ln2_no_bias", {"ln2_bias": True}),
     ("fc2_is_fused_linear", {"fc2_act": "gelu"}),
+    ("fc2_bias_after_residual", {"fc2_bare": True}),
     ("ln2_operand_order", {"ln2_skip": True}),
     ("ln2_is_residual_ln", {"ln2_plain": True}),
 ])
@@ -549,10 +553,10 @@ def _block(**kw):
 def _ftl(**kw):
     """`fused_level_layer` with named ids (attn, ln1, fc1, fc2, ln2, fc1_w)."""
     g = fused_level_layer(**{k: v for k, v in kw.items() if k in ("ln1_bias", "ln2_bias", "fc2_act", "ln2_plain",
-                                                                  "ln1_skip", "ln2_skip")})
+                                                                  "ln1_skip", "ln2_skip", "fc2_bare")})
     ids = {"attn": g.find(Op.FUSED_ATTENTION_BLOCK)[0].id, "ln1": g.find(Op.FUSED_RESIDUAL_LN)[0].id}
     fmba = g.find(Op.FUSED_MATMUL_BIAS_ACT)
-    ids["fc1"], ids["fc2"] = fmba[0].id, fmba[1].id
+    ids["fc1"], ids["fc2"] = fmba[0].id, (fmba[1].id if len(fmba) > 1 else g.find(Op.MATMUL)[0].id)
     ids["fc1_w"] = g[ids["fc1"]].inputs[1]
     norms = g.find(Op.FUSED_RESIDUAL_LN)
     ids["ln2"] = norms[1].id if len(norms) > 1 else None
@@ -782,6 +786,7 @@ NEAR_MISSES = [
     (_FTL, "fc1_single_user", lambda: _ftl(readers=("fc1",)), "fc1", {}),
     (_FTL, "fc1_not_output", lambda: _ftl(outputs=("fc1",)), "fc1", {}),
     (_FTL, "fc2_is_fused_linear", lambda: _ftl(fc2_act="gelu"), "fc2", {}),
+    (_FTL, "fc2_bias_after_residual", lambda: _ftl(fc2_bare=True), "fc2", {}),
     (_FTL, "fc2_single_user", lambda: _ftl(readers=("fc2",)), "fc2", {}),
     (_FTL, "fc2_not_output", lambda: _ftl(outputs=("fc2",)), "fc2", {}),
     (_FTL, "ln2_is_residual_ln", lambda: _ftl(ln2_plain=True), "fc2", {}),

@@ -4,6 +4,8 @@
 * `node_report`: what the inspector says about one node: op, attributes, shapes, provenance,
   operands, users, and every decision that involved it (`node_decisions`: one outcome per rule, candidate and role;
   a fusion with what it left out and why, as `explain`'s `Outcome.soft` says it).
+
+The inspector's Markdown of a report (`report_markdown`) is `inspector_text`'s, re-exported here.
 """
 
 from __future__ import annotations
@@ -16,10 +18,9 @@ import numpy as np
 from ..ir import Graph, Node, Op, format_node, operand_roles
 from ..ir.ops import made_as
 from ..ir.printer import format_value
-from ..passes.made import made_in_run, made_words, remade_in_run, replaced
+from ..passes.made import Credit, credit, made_in_run, made_words, remade_in_run, replaced
 from ..passes.pipeline import role_label
 from ..passes.placement import match_layer, sits
-from ..passes.refusal_kinds import kind_words
 from ..passes.report import fix_line, in_context
 from ..passes.trace import (
     PassStep,
@@ -31,16 +32,27 @@ from ..passes.trace import (
     reading_order,
     whose_place,
 )
-from ..passes.why.places import LEFT_OUT_STATUS, gap_workaround, place_standings, place_status
-from ..passes.why.places import REJECTED as NEAR_MISS
+from ..passes.why.places import gap_workaround, place_standings, place_status
 from ..passes.why.standing import standing as refusal_standing
-from ..passes.why.text import left_out_heading
 from ..passes.why.verdict import OP_GAP_GROUP, RunVerdict
 from ..session.tensors import summarize
 from ..viz.overlay import Followers, GapNames, all_versions, follower_note, gap_followers, gap_names
-from ..viz.styles import NOT_NEAR_MISS_INK, OP_GAP_INK
-from .onnxorigin import onnx_markdown, onnx_origin
-from .text import html_text, md_code, md_escape, md_pre
+from .inspector_text import (
+    LEFT_OUT,
+    NOT_NEAR_MISS,
+    OP_GAP,
+    OPERAND,
+    PASSED,
+    REJECTED,
+    WEIGHTS_SHOWN,
+    _why_markdown,
+    decision_markdown,
+    decisions_markdown,
+    report_markdown,
+    weights_left,
+)
+from .onnxorigin import onnx_origin
+from .text import md_code
 
 
 def decision_rows(trace: Trace | None) -> list[dict[str, Any]]:
@@ -149,10 +161,6 @@ def counterpart_line(before: Graph, after: Graph, node_id: int, pass_name: str) 
     return ""
 
 
-WEIGHTS_SHOWN = 4
-"""Most weight tensors the node panel summarizes for one node (its own, or its first param operands)."""
-
-
 def weight_names(graph: Graph, n: Node, weights: Mapping[str, np.ndarray]) -> list[str]:
     """The names of every weight a node holds (a param node's own, or a compute node's param operands, in operand
     order) that `weights` has: what `node_weights` summarizes the first `WEIGHTS_SHOWN` of."""
@@ -164,17 +172,6 @@ def node_weights(graph: Graph, n: Node, weights: Mapping[str, np.ndarray]) -> li
     """(param name, `session.tensors.TensorSummary.lines()`) for the weights a node holds (`weight_names`), at most
     `WEIGHTS_SHOWN`; each summary reads a bounded sample. The report says how many it left out (`weights_left`)."""
     return [(name, summarize(weights[name]).lines()) for name in weight_names(graph, n, weights)[:WEIGHTS_SHOWN]]
-
-
-def weights_left(rep: Mapping[str, Any]) -> str:
-    """The line under a node's weight summaries when it holds more than `WEIGHTS_SHOWN` (a FusedTransformerLayer
-    holds 12: the panel listed 4 under "weights" with no word of the other 8): `4 of 12 weights summarized (at most
-    4 per node); the others: ...`, each name quoted; "" when every one is shown."""
-    held, shown = rep.get("weights_held", []), [name for name, _ in rep.get("weights", [])]
-    if not (rest := [name for name in held if name not in shown]):
-        return ""
-    return (f"**weights**: {len(shown)} of {len(held)} summarized (at most {WEIGHTS_SHOWN} per node); the others, "
-            "among the operands above: " + ", ".join(md_code(name) for name in rest))
 
 
 def node_report(graph: Graph, node_id: int, trace: Trace | None = None,
@@ -288,11 +285,17 @@ def node_decisions(trace: Trace, node_id: int) -> list[dict[str, Any]]:
         (`FusedMatMulBiasAct %6`, "" for a rewrite that made several nodes), `fused` (the `%id op` it replaced) and
         `left_out` (one dict per soft rejection: `nodes, guard, kind, message, hint, fix, dead`). Outcomes:
 
-        * `fused`: the node is absorbed into a match's product (one of the nodes it replaced) or is that product;
-          `guard` is `all guards passed`, or, when the fusion left something out, the first such guard (its
-          message and hints too);
-        * `operand`: the node is bound to a role of a match (`role`) but stays, as an input of the product: the
-          same fields as `fused`;
+        * `fused`: the node is one the match's product replaced itself (`made.credit`'s `replaced`, the product's
+          `fused` list) or is that product; `guard` is `all guards passed`, or, when the fusion left something out,
+          the first such guard (its message and hints too); a product's entry has `remade` (`%218
+          FusedMatMulBiasAct as FusedMatMulBiasAct %231`: what the step re-made beside it, never in its list) and
+          `kept` (what it copied and left for other readers);
+        * `re-made`: the node of the match that a node made beside its product replaced (`by`: `FusedMatMulBiasAct
+          %231`, gpt-neox's QKV projection %218 re-made by `qkv_columns`): the same fields as `fused`;
+        * `kept`: copied into the product, still there for its other readers; `operand`: the node is bound to a
+          role of a match (`role`) but stays, as an input of the product: the same fields as `fused`;
+        * `bound`: the node is bound to a role of a candidate refused as a whole (each failing guard about its
+          anchor) that no guard is about: `about` names the guards, said at the anchor (`_bound`);
         * `left out`: the node is what a fusion left out (a soft rejection's offending node, not part of the
           match): `guard` and `message` say why, `made` / `fused` what was fused without it;
         * `rejected (STAGE)`: a refused candidate's guard (one entry per failing guard and role).
@@ -313,6 +316,7 @@ def node_decisions(trace: Trace, node_id: int) -> list[dict[str, Any]]:
             seen.add(key)
             out.append(d)
 
+    beside, versions = made_in_run(trace), all_versions(trace)
     for k, s in enumerate(trace.steps):
         standings: dict[tuple[str, int], tuple[Rejection, tuple[str, str] | None]] | None = None
         marks: tuple[dict[tuple[str, int], GapNames], Followers] | None = None  # the step's gap places, once
@@ -326,25 +330,26 @@ def node_decisions(trace: Trace, node_id: int) -> list[dict[str, Any]]:
             told.add((m.rule, m.anchor))
             role = next((r for r, i in m.bindings.items() if i == node_id), None)
             mine = m.anchor == node_id or role is not None or m.fused == node_id
-            made = s.after.get(m.fused) if m.fused is not None else None
-            # absorbed: among the nodes the fusion replaced (a rewrite that made several: gone from its output);
-            # else bound to a role that stays an input of the product (an operand of it)
-            absorbed = node_id in made.absorbed if made is not None else node_id not in s.after
             if not mine and not any(node_id in r.offending for r in left):
                 continue  # nothing about this node (the words below are made only for its own decisions)
-            fused = _ops(s.before, made.absorbed) if made is not None else []
+            made = s.after.get(m.fused) if m.fused is not None else None
+            # what the product replaced itself, what the step re-made beside it, what it copied and kept
+            # (`made.credit`: gpt-neox's attention %237 never "fused" the QKV projection %218 re-made as %231)
+            cr = credit(made, s.after, beside, versions) if made is not None else None
             if left and standings is None:
                 standings = place_standings(trace, k)
             what = {"pass": s.pass_name, "rule": m.rule, "anchor": m.anchor, "place": _place(s.before, m.anchor),
-                    "made": f"{made.op.value} %{made.id}"
-                    if made is not None else "", "fused": fused,
+                    "made": f"{made.op.value} %{made.id}" if made is not None else "",
+                    "fused": _ops(s.before, cr.replaced) if cr is not None else [],
+                    "remade": _remade(s.before, s.after, cr.remade) if cr is not None else [],
+                    "kept": _ops(s.before, cr.kept) if cr is not None else [],
                     "left_out": [_left(trace, k, r, standings or {}) for r in left]}
             if mine:
                 first = what["left_out"][0] if left else None
-                taken = m.fused == node_id or absorbed
+                outcome, by = _outcome(node_id, m.fused, cr, s.after)
                 add({**what, "role": "fused node" if m.fused == node_id else (role_label(m.rule, role) if role
                                                                               else "anchor"),
-                     "outcome": "fused" if taken else "operand",
+                     "outcome": outcome, "by": by,
                      "guard": first["guard"] if first else "all guards passed",
                      **({k2: first[k2] for k2 in ("message", "hint", "kind", "fix", "dead")} if first else
                         {"message": "", "hint": "", "kind": "", "fix": "", "dead": ()})})
@@ -354,9 +359,13 @@ def node_decisions(trace: Trace, node_id: int) -> list[dict[str, Any]]:
                     add({**what, "role": "left out", "outcome": "left out", "guard": r.guard,
                          "message": d["message"], "hint": d["hint"], "kind": r.kind, "fix": r.fix, "dead": r.dead,
                          "gap": d["gap"], "left_out": [d]})
+        bound: dict[tuple[str, int], list[Rejection]] = {}  # refused places binding the node, their refusals
+        said: set[tuple[str, int]] = set()  # refused places that told the node a guard
         for r in s.rejections:
             if r.soft and (r.rule, r.anchor) in told:
                 continue  # said with its fusion, above
+            if node_id in r.bindings.values() and not r.soft:  # the candidate refused as a whole: at its anchor
+                bound.setdefault((r.rule, r.anchor), []).append(r)
             # a candidate of several places (a layer's two residual norms, anchored at its attention) binds the
             # nodes of all; a failing guard is about one (`Rejection.place_role`): a node bound to another role is
             # not told of it, unless it is the candidate's anchor or what the guard marks
@@ -381,7 +390,57 @@ def node_decisions(trace: Trace, node_id: int) -> list[dict[str, Any]]:
                      "anchor": r.anchor,
                      "place": _place(s.before, r.anchor, place, r.bindings.get(place or "", r.anchor)),
                      "made": "", "fused": [], "left_out": []})
+                said.add((r.rule, r.anchor))
+        for (rule, anchor), refusals in bound.items():
+            # bound only to roles its guards are not about, each guard about the candidate as a whole (the
+            # anchor): the role the drawing gives it in the candidate's cluster. A candidate of several places
+            # (a layer's two residual norms) tells a node bound to neither place's role nothing (issue 39)
+            whole = all(r.bindings.get(r.place_role or "", r.anchor) == r.anchor for r in refusals)
+            if (rule, anchor) not in said and whole:
+                standings = standings if standings is not None else place_standings(trace, k)
+                add(_bound(s, node_id, refusals, place_status(*standings[(rule, anchor)])))
     return out
+
+
+def _bound(s: PassStep, node_id: int, refusals: Sequence[Rejection], standing: str) -> dict[str, Any]:
+    """The entry of node `node_id` bound to a role of a candidate of step `s` refused as a whole, whose failing
+    guards (`refusals`, each about its anchor: `Rejection.place_role`) are told to the anchor (`node_decisions`):
+    gpt-neox's FusedMatMulBiasAct %231, `qkv` of `fuse_attention_block.qkv_attention_out` at attention %237, drawn
+    with that role in the candidate's cluster. Outcome `bound`, no guard of its own; `about`: the failing guards
+    (`rope_full_rotary`, `attn_single_user`); `standing` the place's (`places.place_status`)."""
+    r = refusals[0]
+    role = next(k for k, i in r.bindings.items() if i == node_id)
+    return {"pass": s.pass_name, "rule": r.rule, "anchor": r.anchor, "role": role_label(r.rule, role),
+            "outcome": "bound", "standing": standing, "guard": "",
+            "about": list(dict.fromkeys(x.guard for x in refusals)),
+            "message": "", "hint": "", "kind": "", "fix": "", "dead": (), "place": _place(s.before, r.anchor),
+            "made": "", "fused": [], "left_out": []}
+
+
+def _remade(before: Graph, after: Graph, remade: Mapping[int, int]) -> list[str]:
+    """`%218 FusedMatMulBiasAct as FusedMatMulBiasAct %231` for each node a match's step re-made beside its product
+    (`made.Credit.remade`), the ids it re-makes together: `%71 matmul, %75 matmul as matmul %191` (llama's packed
+    gate/up projection)."""
+    by: dict[int, list[int]] = {}
+    for old, new in remade.items():
+        by.setdefault(new, []).append(old)
+    return [f"{', '.join(_ops(before, olds))} as {after[new].op.value} %{new}" for new, olds in by.items()]
+
+
+def _outcome(node_id: int, product: int | None, cr: Credit | None, after: Graph) -> tuple[str, str]:
+    """The outcome of a node a match anchored on or bound (`node_decisions`), and the node that holds it now for
+    `re-made`: `fused` (the product, or among what it replaced itself: `cr.replaced`), `re-made` (a node the step
+    made beside the product replaced it: `cr.remade`, `FusedMatMulBiasAct %231`), `kept` (copied into the product,
+    still there for its other readers: `cr.kept`), else `operand` (bound, an input of the product). A rewrite
+    that made no product (`cr` None): `fused` when the node is gone from its version `after`."""
+    if cr is None:
+        return ("operand" if node_id in after else "fused"), ""
+    if node_id == product or node_id in cr.replaced:
+        return "fused", ""
+    if node_id in cr.remade:
+        new = cr.remade[node_id]
+        return "re-made", f"{after[new].op.value} %{new}"
+    return ("kept" if node_id in cr.kept else "operand"), ""
 
 
 def _gap_marks(trace: Trace, s: PassStep, standings: Mapping[tuple[str, int], tuple[Rejection, tuple[str, str] | None]]
@@ -447,154 +506,6 @@ def _verdict(trace: Trace, layer: int | None, run: RunVerdict | None = None) -> 
             "blocker": v.blocker, "label": layer_label(layer), "gaps": v.op_gaps}
 
 
-def report_markdown(rep: dict[str, Any]) -> str:
-    """The inspector's text for a `node_report`. Every piece that comes from the model (path, attribute values,
-    operand and user lines, guard messages, the IR line) goes through `text.md_escape` / `md_code` / `md_pre`."""
-    lines = [f"#### %{rep['id']} {md_code(rep['op'])} : {md_escape(rep['dtype'])}{md_escape(str(rep['shape']))}"]
-    if rep["path"]:  # where it sits (`placement.sits`): a layer, or its place outside the layers (`final norm`)
-        at = f" (layer {rep['layer']})" if rep["layer"] is not None else \
-            md_escape(f" (outside the layers: {rep['place']})") if rep.get("place") else ""
-        lines.append(f"**provenance** {md_code(rep['path'])}{at}")
-    if onnx := onnx_markdown(rep):  # the names Netron and Model Explorer show, so the node can be found there
-        lines.append(onnx)
-    # what it replaced itself (`passes.made.replaced`; a node made beside a product only the part it re-makes)
-    replacing = ", replacing " + ", ".join(f"%{i}" + md_escape(f" ({w})" if (w := rep.get("was", {}).get(i)) else "")
-                                           for i in rep["absorbed"]) if rep["absorbed"] else ""
-    if rep.get("made"):
-        lines.append(f"**created by** {md_code(rep['pass_name'])}: {md_escape(rep['made'])}{replacing}")
-    elif rep["pass_name"]:
-        lines.append(f"**created by** {md_code(rep['pass_name'])}{replacing}")
-    v = rep.get("verdict")
-    if v is not None:  # the layer's verdict, as explain and the Why tab state it
-        label = md_escape(v.get("label") or f"layer {v['layer']}")
-        if v["fused"]:
-            status = v.get("status", "fused")  # the verdict's own words (`LayerVerdict.status`)
-            lacks = "".join(f"; rlxviz's ops lack: {md_escape(g)}" for g in v.get("gaps") or [])  # as `explain` says
-            lines.append(f"**{label}: {'fused as expected' if status == 'fused' else md_escape(status)}**{lacks}")
-        elif v["rule"]:
-            fix = f" *Fix:* {md_escape(v['hint'])}" if v["hint"] else ""
-            comp = f" *Compiler fix:* {md_escape(v['fix'])}" if v["fix"] else ""
-            blocker = f": {md_escape(v['blocker'])}" if v.get("blocker") else ""
-            lines.append(f"**{label}: NOT fused**{blocker}, first rejection {md_code(v['rule'])}: "
-                         f"**{md_escape(v['guard'])}**{fix}{comp}")
-        else:
-            lines.append(f"**{label}: NOT fused**")
-    if rep["attrs"]:  # each value as the IR text and `rlxviz explain` print it (`none`, `"gelu"`, `true`)
-        lines.append("**attributes** " + ", ".join(md_code(f"{k}={format_value(v)}") for k, v in rep["attrs"].items()))
-    if rep["is_output"]:
-        lines.append("**graph output**")
-    if rep["operands"]:
-        lines.append("**operands**\n" + "\n".join(f"- {md_escape(x)}" for x in rep["operands"]))
-    for name, stats in rep.get("weights", []):
-        lines.append(f"**weights** {md_code(name)}\n" + "\n".join(f"- {md_escape(x)}" for x in stats))
-    if left := weights_left(rep):
-        lines.append(left)
-    lines.append("**users**\n" + ("\n".join(f"- {md_escape(x)}" for x in rep["users"]) if rep["users"] else "- none"))
-    if rep["decisions"]:
-        lines.append("**guards evaluated on this node**")
-        lines += decisions_markdown(rep["decisions"])
-    else:
-        lines.append("*No pattern was anchored on or bound to this node.*")
-    lines.append(md_pre(rep["ir"]))
-    return "\n\n".join(lines)
-
-
-PASSED, LEFT_OUT, REJECTED = ("<b style='color:#2e7d32'>fused</b>", "<b style='color:#e65100'>left out</b>",
-                              "<b style='color:#c62828'>rejected</b>")
-OPERAND = "<b style='color:#1565c0'>operand</b>"
-"""The inspector's outcome words (green, orange, red; blue: bound as an input of a fusion, not absorbed)."""
-NOT_NEAR_MISS = f"<b style='color:{NOT_NEAR_MISS_INK}'>○ {{standing}}</b>"
-"""The inspector's word for a refused place that is no near-miss (grey, the chips' ○), `{standing}` its
-`place_status` (`not expected here`, `not a candidate`, ...), as the matches table's kind says it."""
-OP_GAP = f"<b style='color:{OP_GAP_INK}'>△ {{standing}}</b>"
-"""The inspector's word for a refused place at a gap in rlxviz's ops (`OP_GAP_GROUP`: the chips' and the drawing's
-△, a compiler fix, in the gap's ink), never the faded ○ of nothing to fix."""
-
-
-def _why_markdown(guard: str, kind: str, message: str, hint: str, fix: str, dead: Sequence[int] = ()) -> str:
-    """`guard **G** (kind): message *Fix:* hint *Compiler fix:* fix`, as `explain` words a refusal (its kind from
-    `dead`, its dead extra readers: `refusal_kinds.kind_words`). The guard and its kind are names from the pass
-    library (shown as they are); message, hint and fix quote the model: escaped."""
-    what = f" ({kind_words(kind, dead)})" if kind else ""
-    msg = f": {md_escape(message)}" if message else ""
-    return (f"guard **{guard}**{what}{msg}" + (f" *Fix:* {md_escape(hint)}" if hint else "")
-            + (f" *Compiler fix:* {md_escape(fix)}" if fix else ""))
-
-
-def _why_of(d: Mapping[str, Any]) -> str:
-    """`_why_markdown` of a decision dict (`node_decisions`, or one of its `left_out`)."""
-    return _why_markdown(d["guard"], d.get("kind", ""), d["message"], d["hint"], d.get("fix", ""), d.get("dead", ()))
-
-
-def _left_word(x: Mapping[str, Any]) -> str:
-    """`left out`, with the gap's △ word when what was left out is at a gap in rlxviz's ops (`_left`'s `gap`)."""
-    return f"{LEFT_OUT} ({OP_GAP.format(standing=html_text(OP_GAP_GROUP))})" if x.get("gap") else LEFT_OUT
-
-
-def decisions_markdown(decisions: list[dict[str, Any]]) -> list[str]:
-    """The inspector's items for a node's `node_decisions`, one `decision_markdown` each. A node that belongs to
-    several places (a norm's own fusion, and the layer candidate whose guard on that norm failed) has its items
-    grouped by place, each group under its place's label (`*at %44 layer_norm*`, `*at %72 FusedAttentionBlock (ln2
-    %74 FusedResidualLN)*`: the decision's `place`), in the order the places first come; a node of one place has its
-    items as they come."""
-    places = list(dict.fromkeys(d.get("place", "") for d in decisions))
-    if len(places) < 2:
-        return [decision_markdown(d) for d in decisions]
-    out: list[str] = []
-    for p in places:
-        out.append(f"*at {md_escape(p)}*" if p else "*elsewhere*")
-        out += [decision_markdown(d) for d in decisions if d.get("place", "") == p]
-    return out
-
-
-def decision_markdown(d: dict[str, Any]) -> str:
-    """One list item of the inspector for a `node_decisions` entry: one outcome per (rule, role), what was fused
-    into what, what was left out of it and why (`explain`'s "left out: GUARD (KIND): MESSAGE")."""
-    rule, role = md_code(d["rule"]), md_escape(d["role"])
-    product = (f"{md_escape(', '.join(d['fused']))} -> {md_code(d['made'])}" if d.get("made")
-               else "rewritten")
-    if d["outcome"] == "operand":  # bound to a role, not absorbed: an input of what the match made
-        of = md_code(d["made"]) if d.get("made") else f"{rule}'s rewrite"
-        passed = ("all guards passed" if not d.get("left_out") else
-                  "; ".join(f"{_left_word(x)}: {md_escape(', '.join(x['nodes']) or 'a part of it')}, "
-                            + _why_of(x)
-                            for x in d["left_out"]))
-        return f"- {OPERAND} *{role}* of {of} ({rule} matched; {passed})"
-    if d["outcome"] == "fused":
-        head = f"- {PASSED} by {rule} as *{role}*: {product}"
-        if not d.get("left_out"):
-            return head + "; all guards passed"
-        return head + "".join(f"; {_left_word(x)}: {md_escape(', '.join(x['nodes']) or 'a part of it')}, "
-                              + _why_of(x)
-                              for x in d["left_out"])
-    why = _why_of(d)
-    standing = d.get("standing", "")
-    if d.get("follower"):  # beside a gap in rlxviz's ops, no gap itself: the drawing's note, never the gap's words
-        return _follower_markdown(d, rule, role, why)
-    if standing and standing not in (NEAR_MISS, LEFT_OUT_STATUS):  # no near-miss: the chips' ○ (△ a gap), not a failure
-        stage = d["outcome"].removeprefix("rejected").strip(" ()")
-        heading = left_out_heading(standing, 1, d.get("gap_workaround", False)).split(" ", 1)[1]  # the verdict's words
-        reason = f" *Why:* {md_escape(d['standing_why'])}" if d.get("standing_why") else ""
-        word = (OP_GAP if standing == OP_GAP_GROUP else NOT_NEAR_MISS).format(standing=html_text(standing))
-        return (f"- {word} ({md_escape(heading)}): {rule} as *{role}*"
-                + (f" ({md_escape(stage)})" if stage else "") + f": {why}{reason}")
-    if d["outcome"] == "left out":
-        made = f" ({product})" if d.get("made") else ""
-        return f"- {_left_word(d)} of {rule}'s fusion{made}: {why}"
-    stage = d["outcome"].removeprefix("rejected").strip(" ()")
-    return f"- {REJECTED} {rule} as *{role}*" + (f" ({md_escape(stage)})" if stage else "") + f": {why}"
-
-
-def _follower_markdown(d: Mapping[str, Any], rule: str, role: str, why: str) -> str:
-    """The item of a further failing guard of a place at a gap in rlxviz's ops that is no gap itself (`d["follower"]`:
-    `_follower`), in the gap's ink and as the drawing's note words it: `△ beside the gap rope_full_rotary: rope_halves
-    (not recognized) also fails, no gap itself (not a near-miss)`, then the refusal with its own message and fixes;
-    its *Why* is the text's caveat where that says more than the note (gpt-neox's `attn_single_user (illegal while
-    the sdpa NaN guard ...) fails next`), never the gap's reason."""
-    f = d["follower"]
-    stage = d["outcome"].removeprefix("rejected").strip(" ()")
-    word = f"<b style='color:{OP_GAP_INK}'>△ {html_text(f['mark'])}</b>"
-    caveat = f["caveat"] if f["caveat"] and f["caveat"] != f"alone it is not enough: {f['said']}" else ""
-    reason = f" *Why:* {md_escape(caveat)}" if caveat else ""
-    return (f"- {word} {md_escape(f['said'])} (not a near-miss): {rule} as *{role}*"
-            + (f" ({md_escape(stage)})" if stage else "") + f": {why}{reason}")
+__all__ = ["LEFT_OUT", "NOT_NEAR_MISS", "OPERAND", "OP_GAP", "PASSED", "REJECTED", "WEIGHTS_SHOWN", "_why_markdown",
+           "counterpart_line", "counterparts", "decision_markdown", "decision_rows", "decisions_markdown",
+           "node_decisions", "node_report", "node_weights", "report_markdown", "weight_names", "weights_left"]

@@ -333,7 +333,7 @@ export function render({ model, el }) {
     miniPicture();
     const keep = same && touched && shows();  // a kept view that shows none of the picture is no view: fitted
     if (!keep) fit(); else apply(false);
-    mark(!keep); hits = []; if (search.value) find('again'); title.textContent = model.title || '';
+    mark(!keep); hits = []; if (search.value) find('again'); title.textContent = title.title = model.title || '';
     if (reveal) { const g = inner.querySelector(`g#${CSS.escape(reveal)}`); const ids = revealIds; reveal = null; revealIds = [];
       const node = ids.map((i) => inner.querySelector(`g#n${i}`)).find((x) => x);
       if (node) center(node, true);  // the search resumed at this hit (`last`)
@@ -362,7 +362,7 @@ export function render({ model, el }) {
   model.on('absorbed', research); model.on('folded', research); model.on('order', research);
   model.on('highlight', () => { staleMarks = false; mark(true); }); model.on('selected', () => mark(false));
   model.on('related', () => mark(false));
-  model.on('title', () => { title.textContent = model.title || ''; });
+  model.on('title', () => { title.textContent = title.title = model.title || ''; });
   model.on('after_layout', () => { if (!touched) fit(); else miniSync(); mark(!touched); });
   model.on('remove', () => { if (full) setFull(false); miniGone(); window.removeEventListener(BUS, onBus); window.removeEventListener('keydown', onKey); if (miniUrl) URL.revokeObjectURL(miniUrl); });
   setSvg();

@@ -183,7 +183,7 @@ def build_app(state: AppState | None = None) -> pn.template.BaseTemplate:
         main_layout=None,  # no card round the main area: its margins took 30 px of the graph's height at 800 px
         design=LocalFast, font=FONT, font_url="", raw_css=[MAIN_CSS],
         sidebar=[model, VariantControls(state=state), PipelineControls(state=state)],
-        header=[FoldSidebar(), ConnectionNotice()],
+        header=[FoldSidebar(), start.back, ConnectionNotice()],
         main=[pn.Column(start, StatusBar(state=state), stepper, tabs, sizing_mode="stretch_both")])
     tmpl.state = state  # type: ignore[attr-defined]  # handy for tests and notebooks
     return tmpl

@@ -127,8 +127,14 @@ class StartHere(Viewer):
         self.strip = pn.Row(self.steps_row, *drop, self.hide, sizing_mode="stretch_width", css_classes=["rv-start"],
                             styles={"background": "#e3f2fd", "border-radius": "6px"})
         self.dismissed = False
+        self._tab_shows = True  # the tab shown is one the strip's steps use (`show_on`)
         self.folded = False  # `fold`: the title and the drop zone hidden once a step is used
         self.hide.on_click(lambda e: self.dismiss())
+        # the way back once ✕ dismissed the strip (the page's header holds it): a lecturer who closed it mid-lecture
+        # had ① ② ③ back only by reloading the page
+        self.back = pn.widgets.Button(label="① ② ③ Start here", color="light", width=140, height=30,
+                                      sizing_mode="fixed", align="center", visible=False, css_classes=["rv-start-back"])
+        self.back.on_click(lambda e: self.restore())
         s.param.watch(self._enable, ["model", "source", "preset", "busy"])  # busy: a refused load ends
         # busy: a run's verdicts hold once its job ends (`_say_state`)
         s.param.watch(self._follow, ["version", "trace", "hide_unchanged", "variant", "variant_layer", "busy"])
@@ -403,13 +409,21 @@ class StartHere(Viewer):
         return f"Layer {layer} {v.status}{lacks}; the Why tab says what stood in the way. "
 
     def dismiss(self) -> None:
-        """Hide the strip for the rest of the session (its ✕)."""
+        """Hide the strip (its ✕) until the header's "Start here" (`back`) brings it back."""
         self.dismissed = True
         self.strip.visible = False
+        self.back.visible = True
+
+    def restore(self) -> None:
+        """Bring the dismissed strip back (the header's `back` button), on the tabs its steps use."""
+        self.dismissed = False
+        self.back.visible = False
+        self.strip.visible = self._tab_shows
 
     def show_on(self, shown: bool) -> None:
         """Show the strip (unless dismissed) or hide it: the page shows it on the tabs its steps use (Graph and
         Why), not over the table, timing, IR and editor tabs, whose room it would take."""
+        self._tab_shows = shown
         self.strip.visible = shown and not self.dismissed
 
     def __panel__(self) -> pn.viewable.Viewable:

@@ -172,6 +172,43 @@ def replaced(n: Node, live: Graph, beside: Mapping[int, Beside], versions: Graph
     return tuple(i for i in n.absorbed if i not in live and not nearer(i))
 
 
+@dataclass(frozen=True)
+class Credit:
+    """How the nodes a match's product `p` lists (`Node.absorbed`) went, as its version `live` shows them
+    (`credit`): the one split of a match's list for the inspector's "fused ... -> attention %237" item.
+
+    Attributes:
+        replaced: what `p` replaced itself (`replaced`): gpt-neox's attention %237 the reshapes, narrows and the
+            old attention %216.
+        remade: each id a node the same step made beside `p` replaced itself -> that node: the QKV projection %218
+            and the ropes %194, %199 -> %231, %233, %235 (`qkv_columns`), llama's MatMuls %71, %75 -> the packed
+            matmul %191 (`fuse_swiglu.dual_matmul`).
+        kept: ids still live in `live`, copied into `p` and kept for their other readers (`fuse_sdpa.head_layout`'s
+            shared reshape and transpose).
+    """
+
+    replaced: tuple[int, ...]
+    remade: dict[int, int]
+    kept: tuple[int, ...]
+
+
+def credit(p: Node, live: Graph, beside: Mapping[int, Beside], versions: Graph | None = None) -> Credit:
+    """`Credit` of node `p` of version `live` (`beside`, `versions`: as for `replaced`). Every id of `p.absorbed`
+    falls in one of its three parts, `replaced` where no other node of `live` replaced it itself."""
+    mine = replaced(p, live, beside, versions)
+    kept = tuple(i for i in p.absorbed if i in live)
+    direct, remade = absorbers(live), {}
+    for i in p.absorbed:
+        if i in mine or i in live:
+            continue
+        by = next((m for _, m in direct.get(i, ()) if m != p.id and i in replaced(live[m], live, beside, versions)),
+                  None)
+        if by is not None:
+            remade[i] = by
+    rest = tuple(i for i in p.absorbed if i not in kept and i not in remade)
+    return Credit(rest, remade, kept)
+
+
 _ABSORBERS: DigestCache[dict[int, list[tuple[int, int]]]] = DigestCache(limit=8)
 _ORDER: DigestCache[dict[int, int]] = DigestCache(limit=8)
 

@@ -131,33 +131,41 @@ def placed(trace: Trace) -> dict[int, Layer | str]:
     `FINAL_NORM_BOX` when it reads what a layer made, else `EMBEDDINGS_BOX`; any other op's `path_box`), and the
     nodes in no layer by path that it absorbed (`Node.absorbed`: never an operand it reads), through every earlier
     match that made them (esm.qdyn's `layer_norm` %768, path `encoder.emb_layer_norm_after`, before
-    `fuse_residual_ln` made `FusedResidualLN` %797 of it: `final norm`; node ids are never reused). What `explain`
-    says of these nodes and where the app's layers view boxes them. Made once per trace."""
+    `fuse_residual_ln` made `FusedResidualLN` %797 of it: `final norm`; node ids are never reused). The norm a placed
+    residual norm took in (its match's `norm` binding) and what made that norm sit there too whatever their path:
+    deit.ortopt's final `layer_norm` %113, named `layers.1.mlp.fc2` by ONNX Runtime, was boxed in `layers.1` until
+    `fuse_residual_ln` made `FusedResidualLN` %144 of it, when a `final norm` box appeared (newcomer run 22); its
+    residual sum stays in its layer until fused. What `explain` says of these nodes and where the app's layers view
+    boxes them. Made once per trace."""
     hit = _PLACED.get(trace)
     if hit is not None:
         return hit
     made: dict[int, tuple[tuple[int, ...], Graph]] = {}  # a match's node -> (what it absorbed, the graph before)
     moved: dict[int, Layer | str] = {}
+    own: dict[int, Layer | str] = {}  # the norm a placed residual norm took in (its `norm` binding) -> its place
     for s in trace.steps:
         for m in s.matches:
             if m.fused is None or m.fused not in s.after:
                 continue
             n = s.after[m.fused]
             made[m.fused] = (n.absorbed, s.before)
-            k, own = match_layer(trace.input, s.before, s.after, m), layer_of(n.path)
+            k, here = match_layer(trace.input, s.before, s.after, m), layer_of(n.path)
             if k is None and n.op in RESIDUAL_NORMS:
                 moved[m.fused] = FINAL_NORM_BOX if _reads_a_layer(s.after, m.fused) else EMBEDDINGS_BOX
-            elif k is None and own is not None:  # credited to no layer, its path names one
+            elif k is None and here is not None:  # credited to no layer, its path names one
                 moved[m.fused] = path_box(n.path)
-            elif k is not None and k != own:  # a product whose path names no layer or another one
+            elif k is not None and k != here:  # a product whose path names no layer or another one
                 moved[m.fused] = k
-    out = dict(moved)
-    for f, place in moved.items():
+            if n.op in RESIDUAL_NORMS and m.fused in moved and (t := m.bindings.get("norm")) is not None \
+                    and t in s.before:
+                own[t] = moved[m.fused]
+    out = {**own, **moved}
+    for f, place in [*moved.items(), *own.items()]:
         todo = [f]
         while todo:
             absorbed, before = made.get(todo.pop(), ((), None))
             for i in absorbed if before is not None else ():
-                if i in before and i not in out and layer_of(before[i].path) is None \
+                if i in before and i not in out and (layer_of(before[i].path) is None or f in own) \
                         and before[i].op not in (Op.INPUT, Op.PARAM, Op.CONST):
                     out[i] = place
                     todo.append(i)

@@ -436,6 +436,15 @@ def fix_alone_blocker(trace: Trace, step: int, r: Rejection) -> Blocker | None:
     return left[0] if left else None
 
 
+def fix_alone_fail(trace: Trace, step: int, r: Rejection) -> Fail | None:
+    """The first failure left by `r`'s compiler fix at its rule alone (`fix_alone_blocker`) as the engine's `Fail`,
+    its remedy, fix line and compiler fix with it (what `why.policy.op_gaps` reads for a refusal whose one fix is the
+    compiler's: albert's `fc1_activation`, a gelu_tanh epilogue, behind `ln1_no_bias`); None when nothing stands or
+    nothing is known."""
+    got = _fixed_attempt(trace, step, r)
+    return got[3][0] if got is not None and got[3] else None
+
+
 def fix_alone_readers(trace: Trace, step: int, r: Rejection) -> tuple[int, ...]:
     """The readers outside the match that the first failure left by `r`'s compiler fix at its rule alone
     (`fix_alone_blocker`) highlights (its edges' far ends, e.g. the two nodes besides the output projection that read
@@ -490,5 +499,6 @@ def fused_more(before: Trace, after: Trace, r: Rejection) -> bool:
 
 __all__ = ["EXACT_WHAT_IFS", "FORMS", "GENERIC_WHAT_IFS", "MODEL", "MODEL_WHAT_IFS", "PIPELINE", "STATEMENT", "Change",
            "WhatIf",
-           "Blocker", "blocker_words", "fix_alone_blocker", "fix_form", "fused_count", "fused_more", "refused_count",
+           "Blocker", "blocker_words", "fix_alone_blocker", "fix_alone_fail", "fix_form", "fused_count", "fused_more",
+           "refused_count",
            "remove_dead_readers", "run_pipeline_of", "still_refused", "what_if", "without_guard"]

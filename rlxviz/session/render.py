@@ -7,10 +7,10 @@ rlxviz's ops), `full` or `layers`
 (one box per layer), and an optional layer to focus on.
 
 The layers view labels each layer box with the run's one final verdict (`verdicts`: the `passes.why.RunVerdict`
-that "why didn't layer N fuse?" renders) at every version; at a version before the layer reached its final form the
-box adds what has happened to it so far, labelled (`settled_verdicts`). The "why" side draws the graph before the
-pass of its first rejection (of its first gap refusal, drawn `△`, for a layer held back only by rlxviz's ops), so the
-text and the picture never disagree.
+that "why didn't layer N fuse?" renders) at every version; at a version before the layer reached its final form, or
+before the pass that refuses it ran, the box adds what has happened to it so far, labelled (`settled_verdicts`). The
+"why" side draws the graph before the pass of its first rejection (of its first gap refusal, drawn `△`, for a layer
+held back only by rlxviz's ops), so the text and the picture never disagree.
 """
 
 from __future__ import annotations
@@ -200,16 +200,35 @@ def _layer_nodes(g: Graph, where: Mapping[int, Layer | str]) -> dict[int, frozen
     return {k: frozenset(v) for k, v in out.items()}
 
 
-def settled_verdicts(trace: Trace, g: Graph) -> dict[int, Verdict]:
+def settled_verdicts(trace: Trace, g: Graph, ran: int | None = None) -> dict[int, Verdict]:
     """`verdicts` (the final verdict) of every layer `g` (a version of `trace`) holds, each `settled` when `g` already
-    holds the layer as the final graph does (the same nodes: its box says the verdict's word, whichever pane or
-    version shows it); an earlier state of the layer gets the verdict with `settled=False` (its box says
-    `final: <word>` and what has happened to it so far, `viz.layers`), with the nodes of the layer in `g` that the
-    run's matches made (`Verdict.made`, from `why.facts.made_nodes`, the nodes the verdict lists)."""
+    holds the layer as the final graph does (the same nodes) and the pass the verdict names has run (`why_step`: the
+    step of its first counted rejection, or of its first gap refusal): its box says the verdict's word, whichever
+    pane or version shows it. An earlier state of the layer, or the layer's final nodes at a version before that pass
+    refused it there (bert-tiny's `dead_h1_user` layer 1 after `fuse_residual_ln` read `not fused / rejected:
+    h1_user_count`, a refusal `fuse_transformer_layer` makes two steps later, newcomer run 22), gets the verdict with
+    `settled=False` (its box says `final: <word>` and what has happened to it so far, `viz.layers`). Either way with
+    the nodes of the layer in `g` that the run's matches made (`Verdict.made`, from `why.facts.made_nodes`, the nodes
+    the verdict lists): a settled box says the plain ops among them beside its fused ones (`rewritten as attention`,
+    the CLI's `rewritten as: attention %312`), as an earlier version's box does.
+
+    Args:
+        trace: the run.
+        g: a graph of the run (a version, or the graph a step ran on).
+        ran: how many of `trace.steps` made `g` (version `i` of `trace.versions()`: `i`; the graph step `k` ran on:
+            `k`); None: the last version whose graph is `g`.
+    """
+    if ran is None:
+        ran = next((i for i in range(len(trace.steps), -1, -1) if trace.versions()[i][1] is g), len(trace.steps))
     where = placed(trace)  # drawn where the run placed them (`final norm`, a layer), not by their path
     now, final = _layer_nodes(g, where), _layer_nodes(trace.final, where)
     listed = listed_nodes(trace)
-    return {k: v if now[k] == final.get(k) else replace(v, settled=False, made=now[k] & listed.get(k, frozenset()))
+
+    def settled(k: int) -> bool:
+        step = why_step(trace, k)
+        return now[k] == final.get(k) and (step is None or step < ran)
+
+    return {k: replace(v, settled=settled(k), made=now[k] & listed.get(k, frozenset()))
             for k, v in verdicts(trace).items() if k in now}
 
 
@@ -287,9 +306,12 @@ def picture(source: Trace | Graph, v: View, heat: Heat = ()) -> tuple[Graph, Ove
         kw["expanded"] = v.expanded
     if v.view == "layers" and trace is not None and ov is None:
         ov = Overlay.trace_summary(trace)
+    if trace is not None:  # placed by structure: boxed (a stub says it) where `explain` says they sit
+        kw["placed"] = placed(trace)
     if v.view == "layers" and trace is not None:
-        kw["placed"] = placed(trace)  # placed by structure: boxed where `explain` says they sit
-        kw["verdicts"] = settled_verdicts(trace, g)  # the final verdict, as the "why" view says it, on every box
+        ran = v.version if v.side == "after" else max(v.version - 1, 0) if v.side == "before" else \
+            next((k for k, s in enumerate(trace.steps) if s.before is g), None)
+        kw["verdicts"] = settled_verdicts(trace, g, ran)  # the final verdict, as the "why" view says it, on every box
         if g is trace.final:  # the boxes outside the layers say the verdict's `outside the layers:` lines
             kw["outside"] = Overlay.trace_summary(trace)
     if heat:

@@ -41,13 +41,9 @@ def box_label(g: LayerGroup) -> str:
     lines.append(_small(summary, "#333333", 8))
     if g.verdict is not None and g.verdict.settled:
         lines += _verdict_lines(g.verdict, g)
-        if found := _found(g):  # what the pane's pass found there, as an unsettled box says it
-            lines += [_small(x, FOUND_INK.get(g.found, REJECT), 9) for x in _wrap(found, WRAP)]
     elif g.verdict is not None:  # an earlier version: the final verdict first, then what has happened so far
         lines += _verdict_lines(g.verdict)
         lines += [_small(x, "#555555", 9) for x in _wrap(f"at this version: {_so_far(g)}", WRAP)]
-        if found := _found(g):  # what the pane's pass found there, named by it: the same in its before and after
-            lines += [_small(x, FOUND_INK.get(g.found, REJECT), 9) for x in _wrap(found, WRAP)]
     elif g.status == "fused":
         f = g.fused[0]
         by = _small(f"-> {f.op.value} by {f.pass_name}" if len(g.fused) == 1 else f"-> {_counted(g.fused)}", "#1b5e20")
@@ -59,7 +55,8 @@ def box_label(g: LayerGroup) -> str:
             lines.append(_small(f"{len(g.fused)} of {len(g.nodes)} ops fused", "#555555"))
     elif g.status in (NOT_NEAR_MISS, OP_GAP):
         ink = OP_GAP_INK if g.status == OP_GAP else NOT_NEAR_MISS_INK
-        lines.append(f'<FONT COLOR="{ink}"><B>{_e(_standing_words(g, 2))}</B></FONT>')
+        if g.found_as != g.status or g.layer is not None:  # else the `_found` line below says it, named by its pass
+            lines.append(f'<FONT COLOR="{ink}"><B>{_e(_standing_words(g, 2))}</B></FONT>')
         if g.fused:
             lines.append(_small(f"{len(g.fused)} of {len(g.nodes)} ops fused", "#555555"))
     elif g.status == "partly fused":
@@ -68,6 +65,10 @@ def box_label(g: LayerGroup) -> str:
         lines.append(_small(", ".join(f"{k}×{v}" for k, v in c.items()), "#8d6e00"))
     elif g.status == "unfused":
         lines.append(_small("unfused", "#555555", 9))
+    # what the pane's pass found there, named by it (the same in its before and after): apart from a verdict, settled
+    # or not, and from the status of a box outside the layers; a layer box with neither says it as its status
+    if (g.verdict is not None or g.layer is None) and (found := _found(g)):
+        lines += [_small(x, FOUND_INK.get(g.found_as, REJECT), 9) for x in _wrap(found, WRAP)]
     if g.same_as is not None:
         lines.append(_small(f"same as {layer_label(g.same_as)}", "#1565c0", 9))
     return _html(lines)
@@ -83,16 +84,26 @@ def _verdict_lines(v: Verdict, g: LayerGroup | None = None) -> list[str]:
     word = _e(v.word) if g is not None else f"final: {_e(v.word)}"
     if v.held_back or v.at_gap:
         beside = f" {_small(_counted(g.fused) or v.none_made, OP_GAP_INK)}" if g is not None else ""
-        return [f'<FONT COLOR="{OP_GAP_INK}"><B>{word}</B></FONT>{beside}']
+        return [f'<FONT COLOR="{OP_GAP_INK}"><B>{word}</B></FONT>{beside}', *_rewritten(g)]
     if v.fused:
         beside = f" {_small(_counted(g.fused) or v.none_made, '#1b5e20')}" if g is not None else ""
-        return [f'<FONT COLOR="#1b5e20"><B>{word}</B></FONT>{beside}']
+        return [f'<FONT COLOR="#1b5e20"><B>{word}</B></FONT>{beside}', *_rewritten(g)]
     lines = [f'<FONT COLOR="{REJECT}"><B>{word}</B></FONT>']
     if v.guard:
         lines.append(f'<FONT COLOR="{REJECT}">rejected: {_e(v.guard)}</FONT>')
     if g is not None and g.fused:
         lines.append(_small(f"{len(g.fused)} of {len(g.nodes)} ops fused", "#555555"))
-    return lines
+    return lines + _rewritten(g)
+
+
+def _rewritten(g: LayerGroup | None) -> list[str]:
+    """The line(s) of a settled box (`g`; None: an earlier version's, which says it in `at this version:`) naming the
+    plain ops its layer's matches made (`LayerGroup.rewritten`), as the CLI's `rewritten as:` line does: bart-full's
+    decoder layer 0 said `FusedAttentionBlock, FusedResidualLN×3, FusedMatMulBiasAct×4` and dropped `rewritten as:
+    attention %312` at the final version while earlier versions' boxes said it (newcomer run 22)."""
+    if g is None or not g.rewritten:
+        return []
+    return [_small(x, "#555555", 9) for x in _wrap(f"{REWRITTEN_AS} {_counted(g.rewritten)}", WRAP)]
 
 
 def _counted(nodes: list[Node]) -> str:
@@ -126,32 +137,33 @@ def _so_far(g: LayerGroup) -> str:
 
 
 FOUND_INK = {OP_GAP: OP_GAP_INK, NOT_NEAR_MISS: NOT_NEAR_MISS_INK}
-"""The ink of a box's `_found` line by what it found (`LayerGroup.found`; else the rejection's red): the chips'
+"""The ink of a box's `_found` line by what it found (`LayerGroup.found_as`; else the rejection's red): the chips'
 marks' inks."""
 
 
 def _found(g: LayerGroup) -> str:
-    """What the pass of the pane found in the layer (`LayerGroup.found_by`, `found`), named by it:
+    """What the pass of the pane found in the box (`LayerGroup.found_by`, `found_as`), named by it:
     `fuse_attention_block: △ 2 gaps in rlxviz's ops: ...`, `fuse_transformer_layer: rejected: h1_user_count`; "" when
     it refused nothing there. The before pane's pass runs on the graph drawn; the after pane's made it: one pass, so
-    both panes say it, on a box whose verdict is settled as on one whose is not."""
+    both panes say it, on a box whose verdict is settled as on one whose is not, and on a box outside the layers
+    (minilm's `embeddings`, `fuse_residual_ln: ○ not near-miss: residual_same_shape`)."""
     if not g.found_by:
         return ""
-    if g.found == "rejected":
+    if g.found_as == "rejected":
         guards = list(dict.fromkeys(r.guard for r in sorted(g.rejections, key=lambda r: r.stage != "guard")))
         return f"{g.found_by}: rejected: {', '.join(guards[:2])}"
-    return f"{g.found_by}: {_standing_words(g)}"
+    return f"{g.found_by}: {_standing_words(g, status=g.found_as)}"
 
 
-def _standing_words(g: LayerGroup, most: int | None = None) -> str:
-    """`STATUS: GUARDS` of a box whose refusals are no near-miss (`most`: at most that many guards; STATUS: what the
-    pane's pass found, `LayerGroup.found`, else the box's status), but a box at several gaps in rlxviz's ops, or one
-    met by several guards, names each gap (`LayerGroup.gaps`, `group_words`), `△ 2 gaps in rlxviz's ops: its
-    integer-matmul Q/K/V projections (integer_qkv), default_scale`, as the gap's `△` cluster label does
-    (`Overlay.standing_words`), never its one failing guard alone; a box at one gap names that gap alone, never a
-    further guard that is no gap (t5's decoder block 1 said `△ gap in rlxviz's ops: default_scale, self_attention`,
-    where `explain` calls `self_attention` the model's own term that fails next, newcomer run 22)."""
-    status = g.found or g.status
+def _standing_words(g: LayerGroup, most: int | None = None, status: str = "") -> str:
+    """`STATUS: GUARDS` of a box whose refusals are no near-miss (`most`: at most that many guards; `status`: the
+    standing said, what the pane's pass found, `LayerGroup.found_as`; else the box's status), but a box at several
+    gaps in rlxviz's ops, or one met by several guards, names each gap (`LayerGroup.gaps`, `group_words`), `△ 2 gaps
+    in rlxviz's ops: its integer-matmul Q/K/V projections (integer_qkv), default_scale`, as the gap's `△` cluster
+    label does (`Overlay.standing_words`), never its one failing guard alone; a box at one gap names that gap alone,
+    never a further guard that is no gap (t5's decoder block 1 said `△ gap in rlxviz's ops: default_scale,
+    self_attention`, where `explain` calls `self_attention` the model's own term that fails next, newcomer run 22)."""
+    status = status or g.status
     if status == OP_GAP and (words := group_words(OP_GAP, g.gaps)) != OP_GAP:
         return words
     names = list(dict.fromkeys(n for _, n in g.gaps)) if status == OP_GAP else []
@@ -166,6 +178,8 @@ def status_text(g: LayerGroup) -> str:
     if g.verdict is not None and not g.verdict.settled:
         found = _found(g)
         return f"final: {g.verdict.word}; at this version: {_so_far(g)}" + (f"; {found}" if found else "")
+    if g.layer is None and (found := _found(g)):
+        return "; ".join(x for x in (g.status, found) if x)
     return g.status
 
 
@@ -176,7 +190,7 @@ def box_tooltip(g: LayerGroup) -> str:
     if g.verdict is not None and g.verdict.message:
         parts.append(f"why: {g.verdict.message}")
     for r in g.rejections:
-        said = {NOT_NEAR_MISS: "NOT A NEAR-MISS", OP_GAP: "GAP IN RLXVIZ'S OPS"}.get(g.status, "REJECTED")
+        said = {NOT_NEAR_MISS: "NOT A NEAR-MISS", OP_GAP: "GAP IN RLXVIZ'S OPS"}.get(g.found_as or g.status, "REJECTED")
         parts.append(f"{said} {r.rule} [{r.stage}] guard {r.guard}: {r.message}")
         if r.hint:
             parts.append(f"hint: {r.hint}")

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import html
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -28,7 +28,8 @@ from ..ir.ops import FUSED
 from ..ir.printer import format_value
 from ..ir.text import shown
 from ..passes.made import holders, replaced, where_now
-from ..passes.trace import Rejection, layer_label, layer_of, whose_place
+from ..passes.placement import path_box
+from ..passes.trace import Layer, Rejection, layer_label, layer_of, whose_place
 from . import styles as st
 from .heat import UNCOLOURED, readable_on, text_color
 from .overlay import INPUT_ROLES, Overlay, follower_note, is_gap, marked_nodes
@@ -129,8 +130,10 @@ def _into(path: str, op: str) -> str:
 class _Drawer:
     """One rendering: collects per-node decorations from the overlay, then emits DOT."""
 
-    def __init__(self, graph: Graph, overlay: Overlay, opts: DotOptions, include: set[int] | None) -> None:
+    def __init__(self, graph: Graph, overlay: Overlay, opts: DotOptions, include: set[int] | None,
+                 placed: Mapping[int, Layer | str] | None = None) -> None:
         self.g, self.ov, self.opts = graph, overlay, opts
+        self.placed = placed or {}
         self.ghosts = {n.id: n for n in overlay.removed if n.id not in graph}
         self.nodes: dict[int, Node] = {n.id: n for n in graph}
         self.nodes.update(self.ghosts)
@@ -451,6 +454,16 @@ class _Drawer:
         return attrs
 
     # -- emit ---------------------------------------------------------------------------------------
+    def _place(self, n: Node) -> str:
+        """Where a stub's node sits, as `explain` says: its path in its own layer, else its `placed` layer or place
+        outside the layers (else `placement.path_box`): bart-full's %376 read `encoder`, the CLI `embeddings`."""
+        place = self.placed.get(n.id)
+        if isinstance(place, str):
+            return _shown(place)
+        if place is not None and place != layer_of(n.path):
+            return layer_label(place)
+        return _shown(n.path) if layer_of(n.path) is not None else _shown(path_box(n.path))
+
     def dot(self, title: str) -> str:
         d = graphviz.Digraph(_shown(self.g.name), graph_attr={
             "rankdir": "TB", "newrank": "true", "nodesep": "0.25", "ranksep": "0.35", "fontname": self.opts.font,
@@ -473,11 +486,11 @@ class _Drawer:
                         self._emit_node(c, self.nodes[i])
         for j, n in self.stubs.items():
             if j in self.offending:  # a culprit outside what is drawn still reads as the culprit
-                d.node(f"s{j}", graphviz.nohtml(f"… %{j} {n.op.value}\n{n.path}\noffending"), id=f"s{j}",
+                d.node(f"s{j}", graphviz.nohtml(f"… %{j} {n.op.value}\n{self._place(n)}\noffending"), id=f"s{j}",
                        style="dashed,filled", shape="box", fontsize="8", fontcolor=st.REJECT, color=st.REJECT,
                        fillcolor=st.REJECT_FILL, penwidth="3", **{"class": "offending"})
                 continue
-            d.node(f"s{j}", graphviz.nohtml(f"… %{j} {n.op.value}\n{n.path}"), id=f"s{j}", style="dotted",
+            d.node(f"s{j}", graphviz.nohtml(f"… %{j} {n.op.value}\n{self._place(n)}"), id=f"s{j}", style="dotted",
                    shape="box", fontsize="8", fontcolor="#777777", color="#999999")
         inputs = [i for i in self.order if self.nodes[i].op == Op.INPUT]
         if inputs:
@@ -548,7 +561,8 @@ def _numel(n: Node) -> int:
 
 
 def graph_to_dot(graph: Graph, overlay: Overlay | None = None, *, options: DotOptions | None = None,
-               include: Iterable[int] | None = None, title: str | None = None) -> str:
+               include: Iterable[int] | None = None, title: str | None = None,
+               placed: Mapping[int, Layer | str] | None = None) -> str:
     """DOT source for `graph` with `overlay` drawn on it.
 
     Args:
@@ -557,6 +571,8 @@ def graph_to_dot(graph: Graph, overlay: Overlay | None = None, *, options: DotOp
         options: drawing options (`DotOptions`); default folds params and consts into their consumers.
         include: draw only these node ids; their outside neighbours become dotted stubs (focus views).
         title: caption (default: the overlay's title, else the graph name and node count).
+        placed: node id -> where it sits, for nodes placed by structure, not path (`passes.placement.placed`):
+            what a stub says of where its node is (`_Drawer._place`).
 
     Returns:
         DOT source text (a `digraph`).
@@ -566,7 +582,7 @@ def graph_to_dot(graph: Graph, overlay: Overlay | None = None, *, options: DotOp
     """
     ov = overlay or Overlay()
     opts = options or DotOptions()
-    drawer = _Drawer(graph, ov, opts, set(include) if include is not None else None)
+    drawer = _Drawer(graph, ov, opts, set(include) if include is not None else None, placed)
     if title is None:
         title = ov.title or f"{graph.name}: {len(graph.compute_nodes())} ops"
     return drawer.dot(title)

@@ -7,9 +7,10 @@ groups. Each layer box says whether the layer is fused (one FusedTransformerLaye
 Given the session's verdicts (`Verdict`, from the run's `passes.why.RunVerdict`, the answer the "why didn't layer N
 fuse?" view gives), a layer box says that verdict instead: `fused` or `not fused` (with the first guard). The verdict is
 the final one, what the whole pipeline did to the layer, whichever version is drawn: on a version where the layer is
-not yet as the final graph holds it (`Verdict.settled` False), the box says `final: fused` / `final: not fused` and,
-labelled `at this version:`, what the passes so far did to it (`unfused`, `partly fused`, ...), which also colours it,
-counting what their matches made in the layer: fused ops and plain ops a match made (`rewritten as attention`).
+not yet as the final graph holds it, or is but the pass that refuses it has not run (`Verdict.settled` False), the box
+says `final: fused` / `final: not fused` and, labelled `at this version:`, what the passes so far did to it (`unfused`,
+`partly fused`, ...), which also colours it, counting what their matches made in the layer: fused ops and plain ops a
+match made (`rewritten as attention`).
 A layer whose structure, status and final verdict (its words, the ops it made, its refused places by pattern, guard
 and count) are those of an earlier layer (`layer_signature`) says so on its box: "same as layer 0", so that a 32-layer
 model reads as one layer and its exceptions.
@@ -118,12 +119,14 @@ class LayerGroup:
             a short name (`Overlay.gap_names`), each once: the box names them all (`_standing_words`).
         state: for a layer, what the graph drawn holds there (`fused`, `partly fused`, `rewritten`, `unfused`), with
             no refusal counted: `status` less what the pane's pass found (`box_words._so_far`).
-        found_by: the pass whose refusals in the layer `found` says: the pane's pass, on the before pane (it runs on
-            the graph drawn) and on the after pane (it made it); "" when it refused nothing there.
-        found: what `found_by` found in the layer: `rejected` or a standing (`OP_GAP`, `NOT_NEAR_MISS`), the box's
-            `status` when no settled verdict says it; a settled box says it too, apart from the verdict, so every
-            box a pass refused in names the pass (t5's decoder block 0, settled at `fuse_attention_block`, had no
-            `fuse_attention_block:` line while block 1 had, newcomer run 22). "" when `found_by` is "".
+        found_by: the pass whose refusals in the box `found_as` says: the pane's pass, on the before pane (it runs on
+            the graph drawn) and on the after pane (it made it); "" when it refused nothing there. A box outside the
+            layers: the pass of the pane's refusals anchored in it, whatever its status (`outside_status`).
+        found_as: what `found_by` found there: `rejected`, `OP_GAP` or `NOT_NEAR_MISS` (`_find`): a layer's `status`
+            when no settled verdict says it; a settled layer box and a box outside the layers say it apart, beside
+            their own words (`box_words._found`), so every box a pass refused in names the pass (t5's decoder block
+            0, settled at `fuse_attention_block`, had no `fuse_attention_block:` line while block 1 had; minilm's
+            `embeddings` said nothing of `fuse_residual_ln`'s `○`, newcomer run 22). "" with no `found_by`.
     """
 
     key: str
@@ -138,7 +141,7 @@ class LayerGroup:
     gaps: GapNames = ()
     state: str = ""
     found_by: str = ""
-    found: str = ""
+    found_as: str = ""
 
     @property
     def fused(self) -> list[Node]:
@@ -257,23 +260,34 @@ def outside_status(g: LayerGroup, overlay: Overlay | None, of: Mapping[int, str]
     return "fused"
 
 
-def _find(g: LayerGroup, overlay: Overlay | None, pristine: bool) -> bool:
-    """Set what the pane's pass found in layer box `g` (`LayerGroup.found_by`, `found`, `gaps`) from its refusals
-    (`g.rejections`, of `overlay`); none on the input graph (`pristine`) of a layer with a verdict. A layer whose every
-    refusal is no near-miss (the chips' ○) is not found rejected; one of them at a gap in rlxviz's ops (the chips'
-    △, `Overlay.gaps`) is found that gap, with the gaps its places ran into. Returns whether it found anything."""
+def _find(g: LayerGroup, overlay: Overlay | None, pristine: bool = False) -> bool:
+    """Set what the pane's pass found in box `g` (`LayerGroup.found_by`, `found_as`; `gaps` where `g` holds none)
+    from its refusals (`g.rejections`, of `overlay`); none on the input graph (`pristine`) of a layer with a verdict.
+    A box whose every refusal is no near-miss (the chips' ○) is not found rejected; one of them at a gap in rlxviz's
+    ops (the chips' △, `Overlay.gaps`) is found that gap, with the gaps its places ran into. Returns whether it found
+    anything."""
     if not g.rejections or (g.verdict is not None and pristine):
         return False
     g.found_by = ", ".join(dict.fromkeys(r.pass_name for r in g.rejections))
     excused = overlay.excused if overlay else frozenset()
     at = {(r.rule, r.anchor) for r in g.rejections}
-    if not at <= excused:
-        g.found = "rejected"
-    else:
-        g.found = OP_GAP if overlay is not None and at & overlay.gaps else NOT_NEAR_MISS
-        if overlay is not None and g.found == OP_GAP:
-            g.gaps = tuple(dict.fromkeys(x for pl in at for x in overlay.gap_names.get(pl, ())))
+    gaps = at & overlay.gaps if overlay is not None else set()
+    g.found_as = "rejected" if not at <= excused else OP_GAP if gaps else NOT_NEAR_MISS
+    if overlay is not None and g.found_as == OP_GAP and not g.gaps:
+        g.gaps = tuple(dict.fromkeys(x for pl in gaps for x in overlay.gap_names.get(pl, ())))
     return True
+
+
+def _found_outside(g: LayerGroup, overlay: Overlay | None, of: Mapping[int, str],
+                   layers: Mapping[Layer, LayerGroup]) -> None:
+    """What the pane's pass (`overlay`) found in box `g` outside the layers, as a layer's box says it (`_find`):
+    its refusals anchored in `g` (`of`: node id, or an id a node of the graph absorbed -> box key) and credited to no
+    layer drawn (`layers`), set as `g.rejections`. minilm's `fuse_residual_ln` refuses the embeddings' norm (`○ not
+    near-miss: residual_same_shape`, the caption's and chip's `○1`) and no box said so (newcomer run 22)."""
+    if overlay is None:
+        return
+    g.rejections = [r for r in overlay.rejections if r.layer not in layers and of.get(r.anchor) == g.key]
+    _find(g, overlay)
 
 
 def layer_groups(graph: Graph, overlay: Overlay | None = None,
@@ -350,10 +364,11 @@ def layer_groups(graph: Graph, overlay: Overlay | None = None,
             _find(g, overlay, pristine)  # said apart from the verdict (`box_words._found`)
         elif g.layer is None:
             g.status = outside_status(g, outside, held)
+            _found_outside(g, None if pristine else overlay, held, by_layer)  # the input: the run's, not its own
         elif g.state == "fused" and len([n for n in g.nodes if n.id not in static]) == 1:
             g.status = "fused"  # one fused op; weight preparation (e.g. merged Q/K/V weights) does not count
         elif _find(g, overlay, pristine):
-            g.status = g.found
+            g.status = g.found_as
         else:
             g.status = g.state
     first: dict[tuple, int] = {}

@@ -348,13 +348,16 @@ class Overlay:
 
     def worded_by(self, trace: Trace, step: PassStep) -> Overlay:
         """This overlay with `step`'s rejections (of `trace`) worded as `explain` and the table word them
-        (`worded`), for an overlay made without the trace (its labels unchanged), its caption counting places as
-        the chips do with the trace (`before_caption`)."""
+        (`worded`), for an overlay made without the trace, its caption counting places as the chips do with the
+        trace (`before_caption`), its labels read against the whole run as the after pane's are (`made`, `origin`:
+        `passes.made.where_now`, the absorbed ops' names)."""
         groups = place_groups(trace, step) if self.rejections else {}
         out = replace(self, rejections=worded(trace, step), standings=groups, gap_names=gap_names(trace, step, groups),
                       followers=gap_followers(trace, step, groups), caveats=gap_caveats(trace, step, groups)
                       ) if self.rejections else self
-        out = replace(out, made=made_in_run(trace))
+        # every node of the run, as `before(step, trace=...)` and the after pane read it: a product a later pass
+        # absorbed is "now in FusedTransformerLayer %398" in both panes of one version, never "now gone" in one
+        out = replace(out, made=made_in_run(trace), origin=all_versions(trace))
         return replace(out, title=before_caption(step, trace)) if out.title.startswith("before ") else out
 
     @classmethod

@@ -46,8 +46,9 @@ def render_dot(graph: Graph, overlay: Overlay | None = None, *, view: str = "ful
         verdicts: layer -> the session's `Verdict` (layers view): the boxes say `fused` / `not fused` as the
             session does.
         expanded: layers view: layers drawn open in place (their nodes inside a cluster), the rest one box each.
-        placed: layers view: node id -> the layer or place outside the layers it sits in, for nodes placed by
-            structure, not path (`passes.placement.placed`, `layers.layer_groups`).
+        placed: node id -> the layer or place outside the layers it sits in, for nodes placed by structure, not
+            path (`passes.placement.placed`): the layers view's boxes (`layers.layer_groups`), the full view's
+            stubs (what they say of where their node sits).
         refusals: layers view: the pass's refusals its boxes say when `overlay` does not hold them (the after pane:
             `Overlay.before(step)`; `layers.layer_groups`).
         outside: layers view: the run's refusals the boxes outside the layers say (`Overlay.trace_summary`, on the
@@ -68,7 +69,7 @@ def render_dot(graph: Graph, overlay: Overlay | None = None, *, view: str = "ful
         include |= {i for r in overlay.rejections if r.layer == focus for i in (r.anchor, *r.offending)
                     if i in graph}
     opts = DotOptions(show_params=show_params, edge_labels=edge_labels, max_nodes=max_nodes)
-    return graph_to_dot(graph, overlay, options=opts, include=include, title=title)
+    return graph_to_dot(graph, overlay, options=opts, include=include, title=title, placed=placed)
 
 
 def drawing_title(graph: Graph, overlay: Overlay | None = None, *, view: str = "full", focus: int | None = None,
