@@ -14,20 +14,15 @@ from __future__ import annotations
 import re
 from dataclasses import replace
 from functools import cache
-from pathlib import Path
 
 import pytest
+from named_exports import FILES, ONNX
 
 from rlxviz import session
 from rlxviz.models import VARIANTS, load_model
 from rlxviz.passes import Pipeline
 from rlxviz.passes.trace import Trace
 from rlxviz.session.render import View, dot
-
-ONNX = Path(__file__).parent / "fixtures" / "onnx"
-FILES = {"gpt-neox": "cases/gpt-neox.legacy-sdpa.onnx", "gptj": "zoo/gptj.dynamo-eager.onnx",
-         "cohere": "zoo/cohere.dynamo-eager.onnx", "llama": "llama.onnx", "bert": "bert.onnx",
-         "esm.qdyn": "cases/esm.qdyn.onnx"}
 
 
 @cache

@@ -14,9 +14,9 @@ from __future__ import annotations
 import html
 import re
 from functools import cache
-from pathlib import Path
 
 import pytest
+from named_exports import FILES, ONNX
 
 from rlxviz import session
 from rlxviz.app.explain import node_decisions, node_report, report_markdown
@@ -25,11 +25,6 @@ from rlxviz.passes import Pipeline
 from rlxviz.passes.made import credit, made_in_run, remade_in_run, replaced
 from rlxviz.passes.trace import Trace
 from rlxviz.viz.overlay import all_versions
-
-ONNX = Path(__file__).parent / "fixtures" / "onnx"
-FILES = {"gpt-neox": "cases/gpt-neox.legacy-sdpa.onnx", "gptj": "zoo/gptj.dynamo-eager.onnx",
-         "cohere": "zoo/cohere.dynamo-eager.onnx", "llama": "llama.onnx", "bert": "bert.onnx",
-         "esm.qdyn": "cases/esm.qdyn.onnx"}
 
 
 @cache
