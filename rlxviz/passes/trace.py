@@ -142,6 +142,14 @@ def layer_of(path: str) -> Layer | None:
     return Layer(int(m.group(1) if m.group(1) is not None else m.group(2)), stack)
 
 
+def layer_prefix(path: str) -> str | None:
+    """The part of a model path up to and including its layer (`layer_of`'s match): `encoder.layer.3.attention` ->
+    `encoder.layer.3`, ALBERT's `albert_layers.0@1.attention` -> `albert_layers.0@1` (no component of it is `1`);
+    None when the path names no layer."""
+    m = _LAYER.search(path or "")
+    return None if m is None else path[:m.end()].rstrip(".")
+
+
 def layer_keys(layers: Iterable[Layer | int]) -> tuple[Layer | int, ...]:
     """The distinct layer keys of one model, sorted, each `qualified` when the model has more than one stack (so
     its label names the stack)."""

@@ -30,7 +30,7 @@ from ..ir.ops import FUSED, LEAF, MOVEMENT, REWRITTEN_AS, SPECS, made_as
 from ..passes.placement import path_box
 from ..passes.readers import live_nodes
 from ..passes.rules.cleanup import region_of_one
-from ..passes.trace import Layer, Rejection, layer_label, layer_of
+from ..passes.trace import Layer, Rejection, layer_label, layer_of, layer_prefix
 from .box_words import SAME_AS as SAME_AS  # re-exported: what "same as layer K" compares
 from .box_words import box_label, box_tooltip, status_text
 from .dot import DotOptions, GraphTooLarge, _Drawer, _e, _html, _small, _tip
@@ -190,10 +190,8 @@ def _group_key(n: Node, stacked: bool = False) -> tuple[str, str, int | None]:
     """(group key, title, layer) of `n`; `stacked`: the graph has several stacks (an encoder-decoder model), whose
     layers of one index are apart (`layer0` / `layer_decoder_0`)."""
     layer = layer_of(n.path)
-    if layer is not None:
-        parts = n.path.split(".")
-        idx = next(k for k in range(len(parts) - 1) if parts[k + 1] == str(layer))
-        return _layer_key(layer, stacked), ".".join(parts[:idx + 2]), layer
+    if layer is not None:  # titled by the path up to its layer (ALBERT's `albert_layers.0@1`: no part reads `1`)
+        return _layer_key(layer, stacked), layer_prefix(n.path) or layer_label(layer), layer
     return place_key(path_box(n.path)), path_box(n.path), None
 
 
