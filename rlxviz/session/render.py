@@ -219,7 +219,8 @@ def settled_verdicts(trace: Trace, g: Graph, ran: int | None = None) -> dict[int
             `k`); None: the last version whose graph is `g`.
     """
     if ran is None:
-        ran = next((i for i in range(len(trace.steps), -1, -1) if trace.versions()[i][1] is g), len(trace.steps))
+        graphs = [v for _, v in trace.versions()]
+        ran = next((i for i in range(len(graphs) - 1, -1, -1) if graphs[i] is g), len(trace.steps))
     where = placed(trace)  # drawn where the run placed them (`final norm`, a layer), not by their path
     now, final = _layer_nodes(g, where), _layer_nodes(trace.final, where)
     listed = listed_nodes(trace)

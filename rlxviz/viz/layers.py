@@ -253,7 +253,7 @@ def outside_status(g: LayerGroup, overlay: Overlay | None, of: Mapping[int, str]
     if at - overlay.excused:
         return "partly fused"
     if at & overlay.gaps:  # the text's `gap in rlxviz's ops:` line under `outside the layers:` (deit's pooler tanh)
-        g.gaps = tuple(dict.fromkeys(x for pl in at & overlay.gaps for x in overlay.gap_names.get(pl, ())))
+        g.gaps = _gaps_at(overlay, at)
         return OP_GAP
     return "fused"
 
@@ -272,8 +272,14 @@ def _find(g: LayerGroup, overlay: Overlay | None, pristine: bool = False) -> boo
     gaps = at & overlay.gaps if overlay is not None else set()
     g.found_as = "rejected" if not at <= excused else OP_GAP if gaps else NOT_NEAR_MISS
     if overlay is not None and g.found_as == OP_GAP and not g.gaps:
-        g.gaps = tuple(dict.fromkeys(x for pl in gaps for x in overlay.gap_names.get(pl, ())))
+        g.gaps = _gaps_at(overlay, at)
     return True
+
+
+def _gaps_at(overlay: Overlay, places: Collection[tuple[str, int]]) -> GapNames:
+    """Each gap in rlxviz's ops the places (rule, anchor) among `places` at a gap ran into (`Overlay.gaps`,
+    `Overlay.gap_names`), once, in their order."""
+    return tuple(dict.fromkeys(x for pl in places if pl in overlay.gaps for x in overlay.gap_names.get(pl, ())))
 
 
 def _found_outside(g: LayerGroup, overlay: Overlay | None, of: Mapping[int, str],
