@@ -382,12 +382,14 @@ def test_trial_3_4_uploads_are_emptied_and_errors_name_the_users_file(browser, s
 SEEN_JS = """() => { window.rvSeen = new Set(); clearInterval(window.rvSampler);
   const all = (root, out) => { root.querySelectorAll('.rv-progress-text').forEach((e) => out.push(e));
     root.querySelectorAll('*').forEach((e) => e.shadowRoot && all(e.shadowRoot, out)); return out; };
-  const read = (e) => { const t = [...(e.shadowRoot || e).children].filter((c) => !['STYLE', 'LINK'].includes(c.tagName))
+  const read = (e) => { const t = [...(e.shadowRoot || e).children]
+      .filter((c) => !['STYLE', 'LINK'].includes(c.tagName))
       .map((c) => c.textContent).join(' ').trim(); if (t) window.rvSeen.add(t); };
   window.rvWatched = window.rvWatched || new WeakSet();
   window.rvSampler = setInterval(() => all(document, []).forEach((e) => { read(e);
     if (!window.rvWatched.has(e)) { window.rvWatched.add(e);  // every change, not only those 20 ms apart
-      new MutationObserver(() => read(e)).observe(e.shadowRoot || e, {childList: true, subtree: true, characterData: true}); } }), 20);
+      new MutationObserver(() => read(e))
+        .observe(e.shadowRoot || e, {childList: true, subtree: true, characterData: true}); } }), 20);
 }"""
 """From now on, every text the progress line shows (each change, by a MutationObserver on each progress element: a
 20 ms sampler alone missed "Checking version 0…" when a cached check showed it for less, 2 fresh-clone CI runs of 4 on
