@@ -27,6 +27,7 @@ from ..passes.trace import (
     Rejection,
     Trace,
     anchor_position,
+    family_of,
     layer_label,
     layer_of,
     reading_order,
@@ -128,26 +129,43 @@ def _node_line(g: Graph, nid: int, role: str | None = None) -> str:
     return f"{role + ': ' if role else ''}%{n.id} {n.op.value} {n.dtype}{list(n.shape)}{value}{where}"
 
 
-def counterparts(before: Graph, after: Graph, node_id: int) -> tuple[list[int], list[int]]:
+def counterparts(before: Graph, after: Graph, node_id: int,
+                 trace: Trace | None = None) -> tuple[list[int], list[int]]:
     """Where node `node_id` is in the graphs before and after a pass: (ids in `before`, ids in `after`).
 
-    A node the pass kept has the same id in both. A node it replaced is shown in `after` by what it became: the
-    nodes whose `absorbed` ids name it (the rewrite's record); a node the pass made is shown in `before` by the nodes
-    it absorbed. A node removed without a replacement (dead code) has no counterpart: an empty list.
+    A node the pass kept has the same id in both. A node it replaced is shown in `after` by the nodes that replaced
+    it themselves, and a node the pass made is shown in `before` by what it replaced itself: `passes.made.replaced`,
+    the one reading of a node's list every view gives (its label's count, the inspector's "replacing"), never the
+    rewrite's raw record (`Node.absorbed`: gptj's attention %233 lists the ropes and the Q/K/V projection that
+    `qkv_columns` re-made as %229, %231, %227, so they are those nodes' counterparts, not its). A node made beside a
+    product holding the product's list (`made.is_copy`) replaced nothing. A node removed without a replacement (dead
+    code) has no counterpart: an empty list.
+
+    Args:
+        trace: the run `before` and `after` are versions of: what each node a match made beside its product is
+            (`made.made_in_run`) and every node of the run (`viz.overlay.all_versions`); None: read from the two
+            graphs alone.
+
+    Returns:
+        (ids in `before`, ids in `after`), each in the order `after`'s lists and nodes give them.
     """
+    beside = made_in_run(trace) if trace is not None else {}
+    versions = all_versions(trace) if trace is not None else None
     in_before = [node_id] if node_id in before else []
     in_after = [node_id] if node_id in after else []
     if in_before and not in_after:
-        in_after = [n.id for n in after if any(int(i) == node_id for i in n.absorbed)]
+        in_after = [n.id for n in after
+                    if node_id in n.absorbed and node_id in replaced(n, after, beside, versions)]
     elif in_after and not in_before:
-        in_before = [int(i) for i in after[node_id].absorbed if i in before]
+        in_before = [i for i in replaced(after[node_id], after, beside, versions) if i in before]
     return in_before, in_after
 
 
-def counterpart_line(before: Graph, after: Graph, node_id: int, pass_name: str) -> str:
-    """One Markdown line saying what node `node_id` became in the pass `pass_name` (or was made from), '' for a node
-    the pass kept; op names come from the op table, ids are numbers."""
-    in_before, in_after = counterparts(before, after, node_id)
+def counterpart_line(before: Graph, after: Graph, node_id: int, pass_name: str, trace: Trace | None = None) -> str:
+    """One Markdown line saying what node `node_id` became in the pass `pass_name` (or was made from, `counterparts`
+    with `trace`), '' for a node the pass kept or made replacing nothing; op names come from the op table, ids are
+    numbers."""
+    in_before, in_after = counterparts(before, after, node_id, trace)
     if node_id in before and node_id in after:
         return ""
     name = md_code(pass_name)
@@ -159,6 +177,26 @@ def counterpart_line(before: Graph, after: Graph, node_id: int, pass_name: str) 
     if node_id in after and in_before:
         return f"**made by** {name} from " + ", ".join(f"%{i}" for i in in_before) + " (marked in the before pane)"
     return ""
+
+
+def made_once(line: str, rest: str, rep: Mapping[str, Any], step_name: str) -> tuple[str, str]:
+    """The inspector's step line (`counterpart_line`) and the rest of its report (`report_markdown` of `rep` after
+    its heading) with which pass made the node said once: where the step `step_name` made it and the node's pass is
+    the step's (`family_of`: `fuse_attention_block` made gptj's %233 at its stage `fuse_attention_block/qkv_columns`),
+    the report's "created by" line goes when it says nothing more than the step's "made by" line (both list what the
+    node replaced itself, `made.replaced`); where it says more (what the node was made beside, `made`, or the earlier
+    product it re-makes, `was`: gpt-neox's %231), it stays and the step's line goes, its pane note moved onto it.
+
+    Returns:
+        (the step line, "" when it goes; the rest, its paragraphs split on blank lines as `report_markdown` joins
+        them)."""
+    if not line.startswith("**made by**") or family_of(rep["pass_name"]) != family_of(step_name):
+        return line, rest
+    head = f"**created by** {md_code(rep['pass_name'])}"
+    paras = rest.split("\n\n")
+    if not rep.get("made") and not rep.get("was"):
+        return line, "\n\n".join(p for p in paras if not p.startswith(head))
+    return "", "\n\n".join(p + " (marked in the before pane)" if p.startswith(head) else p for p in paras)
 
 
 def weight_names(graph: Graph, n: Node, weights: Mapping[str, np.ndarray]) -> list[str]:
@@ -195,7 +233,8 @@ def node_report(graph: Graph, node_id: int, trace: Trace | None = None,
     Returns:
         dict with `id, op, attrs, shape, dtype, path, layer, pass_name, absorbed, ir, operands` (role lines; with
         `trace`, `layer` and `place` say where it sits, `placement.sits`; `absorbed`: the ids it replaced itself),
-        `users` (lines), `is_output`, `weights` ((name, lines) per weight tensor, at most `WEIGHTS_SHOWN`),
+        `record` (`Node.absorbed`, the IR line's `<-` list), `users` (lines), `is_output`, `weights` ((name,
+        lines) per weight tensor, at most `WEIGHTS_SHOWN`),
         `weights_held` (every weight's name, `weight_names`), `decisions`: `node_decisions`
         (one per decision of `trace` whose anchor, bindings, offending nodes or fused node is this node; messages
         and hints as `explain` words them, `report.in_context`: a "run P first" whose P ran says what P did), and
@@ -216,6 +255,7 @@ def node_report(graph: Graph, node_id: int, trace: Trace | None = None,
         "id": n.id, "op": n.op.value, "attrs": dict(n.attrs), "shape": list(n.shape), "dtype": str(n.dtype),
         "path": n.path, "layer": layer_of(n.path), "pass_name": n.pass_name,
         "absorbed": list(replaced(n, graph, beside, versions)),  # what it replaced itself, as the drawing counts
+        "record": list(n.absorbed),  # the rewrite's record, every node its match absorbed: the IR line's `<-`
         "ir": format_node(n), "is_output": graph.is_output(n),
         "operands": [_node_line(graph, i, roles[k] if k < len(roles) else None) for k, i in enumerate(n.inputs)],
         "users": [_node_line(graph, u.id) for u in graph.users(n)],
@@ -507,5 +547,5 @@ def _verdict(trace: Trace, layer: int | None, run: RunVerdict | None = None) -> 
 
 
 __all__ = ["LEFT_OUT", "NOT_NEAR_MISS", "OPERAND", "OP_GAP", "PASSED", "REJECTED", "WEIGHTS_SHOWN", "_why_markdown",
-           "counterpart_line", "counterparts", "decision_markdown", "decision_rows", "decisions_markdown",
+           "counterpart_line", "counterparts", "decision_markdown", "decision_rows", "decisions_markdown", "made_once",
            "node_decisions", "node_report", "node_weights", "report_markdown", "weight_names", "weights_left"]

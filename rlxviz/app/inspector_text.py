@@ -83,7 +83,23 @@ def report_markdown(rep: dict[str, Any]) -> str:
     else:
         lines.append("*No pattern was anchored on or bound to this node.*")
     lines.append(md_pre(rep["ir"]))
+    if note := record_note(rep):
+        lines.append(note)
     return "\n\n".join(lines)
+
+
+def record_note(rep: Mapping[str, Any]) -> str:
+    """The line under the IR line when its `<-` list (the rewrite's record, `Node.absorbed`, as `rlxviz ir` prints
+    and parses it) names nodes the node did not replace itself (`passes.made.replaced`, its "replacing" list and
+    the other pane's marks): gptj's attention %233 records the ropes %199, %196 and the Q/K/V projection %214 that
+    `qkv_columns` re-made beside it. "" when the two agree."""
+    extra = [i for i in rep.get("record", ()) if i not in rep["absorbed"]]
+    if not extra:
+        return ""
+    which = ("replaced none of them itself" if not rep["absorbed"] else "did not replace "
+             + ", ".join(f"%{i}" for i in extra) + " itself (re-made by another node of its match, or kept)")
+    return f"*The IR line's {md_code('<-')} is its match's whole record, as {md_code('rlxviz ir')} prints it; " \
+           f"this node {which}.*"
 
 
 PASSED, LEFT_OUT, REJECTED = ("<b style='color:#2e7d32'>fused</b>", "<b style='color:#e65100'>left out</b>",

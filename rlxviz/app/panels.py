@@ -19,13 +19,13 @@ from ..passes.why.text import gap_asks, left_out_heading
 from ..passes.why.verdict import OP_GAP_GROUP
 from ..session.overlays import UNITS
 from ..viz import box_layer
-from .explain import counterpart_line, counterparts, node_report, report_markdown
+from .explain import counterpart_line, counterparts, made_once, node_report, report_markdown
 from .graphpane import SvgGraph, ZoomScope, absorbed_index, folded_index, ops_legend_html
 from .irdiff import diff_table, side_by_side
 from .irtext import IRText
 from .stale import StaleMark, safe
 from .state import AppState
-from .text import download_name, html_text, md_code, md_escape, select_width
+from .text import download_name, html_text, md_escape, select_width
 from .views import COLLAPSED, FOCUS
 from .whyview import show_layer
 from .wording import version_name
@@ -414,7 +414,7 @@ class GraphCompare(Viewer):
         sel, prev, cur = s.selected_node, s.previous_graph, s.current_graph
         related: tuple[list[int], list[int]] = ([], [])
         if sel is not None and prev is not None and cur is not None and s.current_step is not None:
-            related = counterparts(prev, cur, sel)
+            related = counterparts(prev, cur, sel, s.trace)  # what each node replaced itself, as the labels say
         for g, rel in zip((self.before, self.after), related, strict=True):
             g.param.update(highlight=list(s.highlight), selected=sel, related=[i for i in rel if i != sel])
 
@@ -463,16 +463,16 @@ class NodeInspector(Viewer):
                 # (a verdict that cannot be made, e.g. no layer judged: the bare run, as before)
                 run, _ = safe(s.verdict) if s.trace is not None else (None, None)
                 advised = (safe(s.advised_trace)[0] if run is not None else None) or s.trace
-                text = report_markdown(node_report(g, s.selected_node, advised, weights, onnx, domains, verdict=run))
+                rep = node_report(g, s.selected_node, advised, weights, onnx, domains, verdict=run)
+                text = report_markdown(rep)
                 step = s.current_step
                 if step is not None and s.previous_graph is not None and s.current_graph is not None:
                     # under the node's heading: which version it is read in, and its counterpart in the other
                     where = "before" if g is s.previous_graph else "after"
-                    line = counterpart_line(s.previous_graph, s.current_graph, s.selected_node, step.pass_name)
+                    line = counterpart_line(s.previous_graph, s.current_graph, s.selected_node, step.pass_name,
+                                            s.trace)
                     head, _, rest = text.partition("\n\n")
-                    if line.startswith("**made by**"):  # said once: the report's "created by" line is the same
-                        made = f"**created by** {md_code(step.pass_name)},"
-                        rest = "\n\n".join(p for p in rest.split("\n\n") if not p.startswith(made))
+                    line, rest = made_once(line, rest, rep, step.pass_name)  # which pass made it, said once
                     under = [f"*As the {where} {step.pass_name} version has it.*", *([line] if line else [])]
                     text = "\n\n".join([head, *under, rest])
                 return text
