@@ -67,8 +67,9 @@ def scale_origin(steps: Sequence[Any], r: Rejection) -> str:
             earlier = (f"; the scores are scaled earlier on the operands' path: {found}, where fuse_sdpa cannot fold "
                        f"it (a rotation or another op sits between): {verdict}")
         if not parts:
-            # the model's own choice (T5 folds the scale into its weights): scaling the scores would change every
-            # output, so the message says what the block lacks, never a change to the model (newcomer run 20)
+            # the model's own choice (T5 folds the scale into its weights): scaling the scores alone would change
+            # every output, so the message says what the block lacks (newcomer run 20); the fix line is the checked
+            # fold, which scales Q's weight too (`scale_fold`)
             return earlier or ("; the scores are not scaled (scale 1.0), the model's own choice (e.g. T5 folds it "
                                "into its weights); the block has no scale attribute to keep 1.0")
         out = f"; fuse_sdpa folded it from {', '.join(parts)}"
