@@ -236,7 +236,7 @@ def test_a_fix_with_no_what_if_is_withheld_with_the_compiler_fix(capsys):
     out = capsys.readouterr().out
     assert code == 1 and "guard default_scale (guard, not recognized)" in out
     assert "fix: the block uses 1/sqrt(head_dim)" not in out
-    assert "fix: no checked fix in the model: no change to the model that keeps its numbers is known" in out
+    assert "fix: no checked fix in the model: none offered, as rlxviz has no what-if that applies a change" in out
     assert "fix: none in the model" not in out
     main(["explain", str(path), "--json"])
     (f,) = [f for f in json.loads(capsys.readouterr().out)["fix_checks"] if f["guard"] == "default_scale"]

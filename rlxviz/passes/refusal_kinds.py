@@ -64,6 +64,22 @@ NOTHING_TO_CHANGE = "nothing to change in the model"
 quantized weight's own): its refusal's remedy is the guard's `remedy`, not `IN_MODEL` (`Guard.remedy_of`), so
 `--json`'s `remedy` and `fix` never disagree."""
 
+ROUNDING_ONLY = "changes the numbers at rounding level only"
+"""The one wording of a model change that keeps the numbers in real arithmetic but not bit for bit (a constant that is
+no power of two folded into a weight, an addition reordered): `rounding_not_offered` where rlxviz cannot check the
+change, and a checked fix's line (`scale_fold.fold_hint`) where it can; `session.advice` adds the measured error."""
+
+
+def rounding_not_offered(change: str, reason: str = "") -> str:
+    """The words of a model change that would keep the numbers up to rounding only but that rlxviz has no what-if to
+    check (`passes.whatif`): `a workaround, not offered: CHANGE changes the numbers at rounding level only
+    (REASON), and rlxviz has no check for that change`. The same words on every model for every such form, so no view
+    calls one form offered on one model and unknown on another; a change rlxviz can check is offered as a fix instead
+    (the scale fold). `reason` (no parentheses) says why the numbers round differently; "" for none."""
+    why = f" ({reason})" if reason else ""
+    return (f"a workaround, not offered: {change} {ROUNDING_ONLY}{why}, and rlxviz has no check for that "
+            "change")
+
 
 DEAD_READER_KIND = "illegal as it stands: its extra reader is dead code"
 DEAD_READERS_KIND = "illegal as it stands: its extra readers are dead code"
@@ -91,5 +107,5 @@ def near_miss_kind(kind: str, remedy: str = "") -> bool:
 
 __all__ = ["ILLEGAL", "NOT_RECOGNIZED", "NOT_PROFITABLE", "MODEL_TERM", "NOT_A_CANDIDATE", "KINDS", "NOT_NEAR_MISSES",
            "IN_MODEL", "COMPILER_ONLY", "READ_BY_MODEL", "DOES_NOT_PAY", "REMEDIES", "NO_MODEL_FIX", "UNCHECKED_FIX",
-           "NOTHING_TO_CHANGE", "near_miss_kind", "DEAD_READER_KIND", "DEAD_READERS_KIND",
-           "kind_words"]
+           "NOTHING_TO_CHANGE", "ROUNDING_ONLY", "near_miss_kind", "rounding_not_offered", "DEAD_READER_KIND",
+           "DEAD_READERS_KIND", "kind_words"]

@@ -235,7 +235,8 @@ def _stored_as(g: Graph, pairs: list[tuple[int, tuple[int, ...]]]) -> tuple[str,
 def _fold_scale(trace: Trace, step: PassStep, r: Rejection) -> Change | None:
     """The fix of a non-default attention scale (`default_scale`, `scale_fold.fold_hint`): the ratio to the default
     folded into the Q projection's weight (and bias) of the user's graph, the folded scale node set so the scores are
-    scaled by the default 1/sqrt(head_dim). Valid when Q is a linear function of the projection (`scale_fold`'s
+    scaled by the default 1/sqrt(head_dim) (unscaled scores, T5's: a new scale mul after the scores' matmul).
+    Valid when Q is a linear function of the projection (`scale_fold`'s
     docstring: layout moves, RoPE, sums and products by values independent of it), which `scale_fold` checks; exact
     for a power-of-two ratio (barring overflow or underflow), else the same numbers up to rounding (`rounded` when the
     rounded constants do not keep the scores' factor exactly)."""

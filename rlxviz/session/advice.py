@@ -28,6 +28,7 @@ removed, a pipeline parameter or pass changed), since the activation switch chan
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from functools import cached_property
@@ -37,6 +38,7 @@ import numpy as np
 from ..ir import Graph
 from ..passes import Trace, explain
 from ..passes.guard import COMPILER_ONLY, IN_MODEL, NO_MODEL_FIX, UNCHECKED_FIX
+from ..passes.refusal_kinds import ROUNDING_ONLY
 from ..passes.report import MissedFusion, in_context
 from ..passes.trace import Rejection
 from ..passes.whatif import (
@@ -147,8 +149,9 @@ class FixCheck:
 
     @property
     def rewords(self) -> bool:
-        """`vetted` changes the refusal's words: its fix failed its check, or its compiler fix is not enough."""
-        return not self.ok or bool(self.compiler)
+        """`vetted` changes the refusal's words: its fix failed its check, its compiler fix is not enough, or its
+        check measured what a rounding-only change does to the numbers (`printed` then says it)."""
+        return not self.ok or bool(self.compiler) or self.printed != self.fix
 
 
 def _headline(trace: Trace, rule: str, anchor: int, guard: str) -> tuple[int, Rejection] | None:
@@ -218,6 +221,7 @@ class _Checker:
         self.numbers: dict[tuple[str, ...], tuple[str | None, bool]] = {}
         self.not_run: dict[tuple[str, ...], str] = {}  # WhatIf.key -> why its numbers were not run
         self.faint: dict[tuple[str, ...], str] = {}  # WhatIf.key -> the dtype whose rounding hides its difference
+        self.measured: dict[tuple[str, ...], float] = {}  # WhatIf.key -> max err of its model in float64 (rounded)
         self._unfused: list[tuple[list[np.ndarray], ...]] | None = None
 
     @cached_property
@@ -250,7 +254,7 @@ class _Checker:
                 cost = run_macs(self.trace.input) * len(self.sets) * 6
                 if cost <= self.budget:
                     self.budget -= cost
-                    why, skipped, faint = self._compare(w.graph, after.final, w.rounded)
+                    why, skipped, faint = self._compare(w.graph, after.final, w.rounded, w.key)
                     ran = skipped is None
                     if faint:
                         self.faint[w.key] = faint
@@ -261,7 +265,8 @@ class _Checker:
             self.numbers[w.key] = (why, ran)
         return self.numbers[w.key]
 
-    def _compare(self, model: Graph, fused: Graph, rounded: bool = False) -> tuple[str | None, str | None, str]:
+    def _compare(self, model: Graph, fused: Graph, rounded: bool = False, key: tuple[str, ...] = ()
+                 ) -> tuple[str | None, str | None, str]:
         """Where the what-if differs from the unfused original: its model (`model`, unfused) in float64 against the
         original in float64 to `EXACT` (to the same-backend tolerance when the change is `rounded`: its constants are
         the model's dtype's rounding of exact ones, `WhatIf.rounded`), with the model's weights and with unit-scale
@@ -273,7 +278,9 @@ class _Checker:
         GELU differ by 1.07e-09 in float64 on its own weights, below float32's rounding, while unit-scale weights
         show the change. `(where they differ or None, None, "")` when the numbers ran, with the output dtype's name
         last when every difference found is below its rounding (then the first is reported); `(None, why not, "")`
-        when they could not be run (no tolerance for the dtype, a graph the reference cannot run)."""
+        when they could not be run (no tolerance for the dtype, a graph the reference cannot run). For a `rounded`
+        change, `measured[key]` is the largest error of its model in float64 with the model's weights over the input
+        sets: how far rounding moves the numbers, which its fix line says (`ROUNDING_ONLY`)."""
         try:
             policy = precision_policy(self.trace.input, "cpu")
         except KeyError as e:
@@ -292,6 +299,8 @@ class _Checker:
             for s, want in zip(self.sets, self._unfused, strict=True):
                 for g, weights, k, tol, wide, how in runs:
                     got = _outputs(g, s, weights, np.float64 if wide else None)
+                    if rounded and k == 0 and len(got) == len(want[k]):
+                        self.measured[key] = max(self.measured.get(key, 0.0), _err(got, want[k]))
                     if len(got) != len(want[k]) or not close(got, want[k], tol, same_nonfinite=True):
                         why = f"differs from the unfused model {how} on {s.name} (max err {_err(got, want[k]):.3g})"
                         if len(got) != len(want[k]) or not close(got, want[k], rounding, same_nonfinite=True):
@@ -401,8 +410,8 @@ def _check_fix(trace: Trace, k: int, r: Rejection, checker: _Checker) -> FixChec
         w = None
     if w is None:
         return replace(base, status=NO_WHAT_IF, detail="no what-if rewrite applies this fix, so it cannot be checked",
-                       printed=NO_MODEL_FIX + "no change to the model that keeps its numbers is known to make this "
-                                              "legal (the compiler fix is the fix)")
+                       printed=NO_MODEL_FIX + "none offered, as rlxviz has no what-if that applies a change to the "
+                                              "model here to check it (the compiler fix is the fix)")
     try:
         after = checker.run(w)
     except Exception as e:  # noqa: BLE001 - the what-if graph broke a pass: the fix is not shown to work
@@ -426,10 +435,16 @@ def _check_fix(trace: Trace, k: int, r: Rejection, checker: _Checker) -> FixChec
         return replace(base, status=NOT_RUN, what=w.what, detail=f"the change is not exact by construction and "
                        f"{why_not}", printed=NO_MODEL_FIX + f"applying it ({w.what}) fuses, but it changes what the "
                        f"model computes (not exact by construction) and {why_not}")
-    rounding = " up to rounding (its constants are rounded to the model's dtype)" if w.rounded else ""
-    note = (f"numbers equal the unfused model{rounding} on " + ", ".join(s.name for s in checker.sets)
-            if ran else f"exact by construction (numbers not run: {skipped})")
-    return replace(base, status=CHECKED, what=w.what, detail=f"{r.rule} fuses after {w.what}; {note}")
+    sets = ", ".join(s.name for s in checker.sets)
+    err = checker.measured.get(w.key) if w.rounded and ran else None
+    measured = f", max err {err:.2g} in float64" if err is not None and math.isfinite(err) else ""
+    rounding = f" up to rounding (its constants are rounded to the model's dtype{measured})" if w.rounded else ""
+    note = f"numbers equal the unfused model{rounding} on {sets}" if ran else \
+        f"exact by construction (numbers not run: {skipped})"
+    # a rounding-only change says how much it moved the numbers, in every view that prints its line (`ROUNDING_ONLY`)
+    printed = hint.replace(ROUNDING_ONLY, f"{ROUNDING_ONLY}{measured} on {sets}", 1) if measured else hint
+    return replace(base, status=CHECKED, what=w.what, detail=f"{r.rule} fuses after {w.what}; {note}",
+                   printed=printed)
 
 
 def check_fixes(trace: Trace, check: FusionCheck, feeds: Mapping[str, np.ndarray] | None,
@@ -482,8 +497,8 @@ def _reworded(r: Rejection, c: FixCheck) -> Rejection:
     """`r` as `vetted` words it by its check `c`."""
     if not c.ok:  # a proposed change that failed its check; one the rule declared no fix keeps `compiler only`
         r = replace(r, hint=c.printed, remedy=r.remedy if r.remedy in ("", IN_MODEL) else COMPILER_ONLY)
-    elif c.compiler and c.printed != c.fix:  # a statement naming the compiler fix as the fix: checked only so far
-        r = replace(r, hint=c.printed)
+    elif c.printed != c.fix:  # a statement naming the compiler fix as the fix, checked only so far; a measured
+        r = replace(r, hint=c.printed)  # rounding-only change with its measured error
     return replace(r, fix=c.compiler_fix)  # the compiler fix line `explain` prints (`FixCheck.compiler_fix`)
 
 

@@ -54,7 +54,7 @@ from ..guard import (
     user_count,
 )
 from ..pattern import P
-from ..refusal_kinds import NOTHING_TO_CHANGE
+from ..refusal_kinds import NOTHING_TO_CHANGE, rounding_not_offered
 from ..rule import Fail, Rule, Shape, Step, User, reports
 from .block import size_gate
 from .sdpa_mask import typed_value
@@ -170,9 +170,9 @@ and `fc2_bias_after_residual` all name it, so one fix covers the three (`whatif.
 the op form rlxviz lacks (`why.policy.fix_gap_form`): `FusedTransformerLayer with a bias added after each residual
 add`."""
 
-RESIDUAL_BIAS_HINT = (f"{NOTHING_TO_CHANGE}: adding the bias before the residual ((x @ w + bias) + skip, the order "
-                      "FusedTransformerLayer computes) rounds differently from the file's (x @ w + skip) + bias, so no "
-                      "change keeps every number")
+RESIDUAL_BIAS_HINT = (f"{NOTHING_TO_CHANGE}: " + rounding_not_offered(
+    "adding the bias before the residual ((x @ w + bias) + skip, the order FusedTransformerLayer computes)",
+    "it rounds differently from the file's (x @ w + skip) + bias"))
 """The fix line of those refusals: a statement, no change to the model (a compiler fix only, `why.policy`)."""
 
 _SKIP_ORDER = ("((x @ w + skip) + bias, the order of ONNX Runtime's SkipLayerNormalization; `fuse_residual_ln.biased` "

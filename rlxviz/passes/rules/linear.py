@@ -52,6 +52,7 @@ from ..guard import (
     single_user,
 )
 from ..pattern import P
+from ..refusal_kinds import NOTHING_TO_CHANGE, rounding_not_offered
 from ..rule import QUIET, Fail, Rule, Soft, reports
 
 # -- fuse_matmul_bias_act ------------------------------------------------------------------------
@@ -358,9 +359,9 @@ BIAS_AFTER_RESIDUAL_FIX = ("a FusedMatMulBiasAct with a residual operand added b
 """The compiler fix of a linear whose bias sits after the residual add (`bias_after_residual`); its first clause is
 the op form rlxviz lacks (`why.policy.fix_gap_form`)."""
 
-BIAS_AFTER_RESIDUAL_HINT = ("nothing to change in the model: adding the bias before the residual ((x @ w + bias) + "
-                            "skip, the form FusedMatMulBiasAct takes) rounds differently from the file's (x @ w + "
-                            "skip) + bias, so no change keeps every number")
+BIAS_AFTER_RESIDUAL_HINT = (f"{NOTHING_TO_CHANGE}: " + rounding_not_offered(
+    "adding the bias before the residual ((x @ w + bias) + skip, the form FusedMatMulBiasAct takes)",
+    "it rounds differently from the file's (x @ w + skip) + bias"))
 
 BIAS_AFTER_RESIDUAL = Rule(
     "fuse_matmul_bias_act.bias_after_residual",

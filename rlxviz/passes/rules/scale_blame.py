@@ -12,7 +12,7 @@ from typing import Any
 
 from ...ir import Graph, Node, Op
 from ..pattern import is_const
-from ..refusal_kinds import NOTHING_TO_CHANGE
+from ..refusal_kinds import NOTHING_TO_CHANGE, rounding_not_offered
 from ..trace import Rejection
 from .attention import FACTORS as _FACTORS
 from .block import PRE_ROPE_SCALE_FIX, PRE_ROPE_SCALE_GAP
@@ -67,8 +67,9 @@ def scale_origin(steps: Sequence[Any], r: Rejection) -> str:
             earlier = (f"; the scores are scaled earlier on the operands' path: {found}, where fuse_sdpa cannot fold "
                        f"it (a rotation or another op sits between): {verdict}")
         if not parts:
-            # the model's own choice (T5 folds the scale into its weights): scaling the scores would change every
-            # output, so the message says what the block lacks, never a change to the model (newcomer run 20)
+            # the model's own choice (T5 folds the scale into its weights): scaling the scores alone would change
+            # every output, so the message says what the block lacks (newcomer run 20); the fix line is the checked
+            # fold, which scales Q's weight too (`scale_fold`)
             return earlier or ("; the scores are not scaled (scale 1.0), the model's own choice (e.g. T5 folds it "
                                "into its weights); the block has no scale attribute to keep 1.0")
         out = f"; fuse_sdpa folded it from {', '.join(parts)}"
@@ -139,14 +140,16 @@ def pre_rope_hint(node: Node, factor: float, d: int) -> str:
     to rounding."""
     exact = factor != 0.0 and math.isfinite(factor) and math.frexp(abs(factor))[0] == 0.5
     where = f"node {node.id}" + (f", {node.path}" if node.path else "")
-    keeps = (f"exactly here: {factor:.6g} is a power of two and RoPE is linear" if exact else
-             f"only up to rounding here: {factor:.6g} is not a power of two, though RoPE is linear")
     op = node.op.value
     # the model needs no change; moving the mul is named as a workaround (`policy.WORKAROUND`'s words), so the line
-    # does not say "nothing to change" and then propose a change (newcomer run 19)
+    # does not say "nothing to change" and then propose a change (newcomer run 19); one that rounds differently has
+    # no check here, so it is not offered (`refusal_kinds.rounding_not_offered`, the words of every such form)
+    workaround = (f"a workaround in the model, not needed: moving that {op} after the RoPE would keep the numbers "
+                  f"exactly here: {factor:.6g} is a power of two and RoPE is linear" if exact else
+                  rounding_not_offered(f"moving that {op} after the RoPE",
+                                       f"{factor:.6g} is not a power of two, though RoPE is linear"))
     return (f"{NOTHING_TO_CHANGE}: its scale is the default 1/sqrt({d}) = {factor:.6g}, applied to Q by {op} "
-            f"({where}) before its RoPE, which fuse_sdpa does not fold through (a workaround in the model, not "
-            f"needed: moving that {op} after the RoPE would keep the numbers {keeps})")
+            f"({where}) before its RoPE, which fuse_sdpa does not fold through ({workaround})")
 
 
 def _pass_input(steps: Sequence[Any], k: int) -> Any:

@@ -20,6 +20,9 @@ by rounding only.
 
 The scale node changed is one `fuse_sdpa` folded into the attention's `scale` (the scores' scale, else a Q or K
 pre-scale): its constant becomes `old / ratio`, so the folded product is the default and `fuse_sdpa` records none.
+Where the scores are not scaled at all (T5 folds 1/sqrt(head_dim) into its weights, so the scale is 1.0 and no node
+holds it) the same fold multiplies the weight by `sqrt(head_dim)` and adds the scores' scale as a new mul by the
+default after the scores' matmul: the one form gets the one fix, wherever its scale is held.
 `scale_fold` plans the change (the pipeline words the guard's fix line from it, `fold_hint`); `folded_graph` applies
 it to the user's graph (the what-if `passes.whatif` checks). Graphs only: no weights are read.
 """
@@ -35,6 +38,7 @@ import numpy as np
 
 from ...ir import Graph, Node, Op, Rewriter
 from ..pattern import is_const
+from ..refusal_kinds import ROUNDING_ONLY
 from ..trace import Rejection
 from .attention import FACTORS
 from .scale_blame import ROLE_NAMES
@@ -58,7 +62,9 @@ class ScaleFold:
         proj: the Q projection's matmul (a node of the user's graph); `weight` its weight operand; `qk` the scores'
             matmul that reads Q.
         bias: the projection's bias add and its bias operand, or None.
-        factor / factor_const: the scale node whose constant changes, and that constant; `role` its `FACTORS` role.
+        factor / factor_const: the scale node whose constant changes, and that constant, or None for both when the
+            scores are not scaled (scale 1.0): then a new mul of the scores' matmul `qk` by `new_value` is added;
+            `role` its `FACTORS` role.
         new_value: the factor node's new constant (as its dtype holds it).
         rope: a rotation lies on the path (the text says RoPE is linear).
         exact: `ratio` is a power of two: the change is exact in the model's dtype (barring overflow or underflow).
@@ -73,8 +79,8 @@ class ScaleFold:
     weight: int
     qk: int
     bias: tuple[int, int] | None
-    factor: int
-    factor_const: int
+    factor: int | None
+    factor_const: int | None
     role: str
     new_value: float
     rope: bool
@@ -206,10 +212,12 @@ def scale_fold(g: Graph, steps: Sequence[Any], r: Rejection) -> ScaleFold | None
     factors = [(role, b[role], b[consts[role]]) for role in _ORDER if role in b and consts[role] in b
                and b[role] in g and b[consts[role]] in g and g[b[role]].op in (Op.MUL, Op.DIV)
                and b[consts[role]] in g[b[role]].inputs and typed_value(g[b[consts[role]]]) not in (None, 0.0)]
-    if not factors:
+    if not factors and (any(role in b for role, _ in FACTORS) or not math.isclose(scale, 1.0)):
         return None
-    role, factor, const = factors[0]
+    role, factor, const = factors[0] if factors else ("scale", None, None)
     qk = g[b["qk"]]
+    if factor is None and (g.is_output(qk.id) or not g.users(qk.id)):
+        return None  # the new scale mul would have no reader to feed
     start = qk.inputs[0]
     dynamic = _dynamic(g)
     proj = _projection(g, start, dynamic)
@@ -222,14 +230,16 @@ def scale_fold(g: Graph, steps: Sequence[Any], r: Rejection) -> ScaleFold | None
     weight = g[proj].inputs[1]
     dt = g[weight].dtype.numpy
     ratio = float(np.asarray(scale * math.sqrt(d)).astype(dt))
-    old = typed_value(g[const])
+    div = factor is not None and g[factor].op == Op.DIV
+    cdt = g[const].dtype.numpy if const is not None else qk.dtype.numpy
+    old = typed_value(g[const]) if const is not None else 1.0
     assert old is not None
-    f_old = 1.0 / old if g[factor].op == Op.DIV else old
-    f_new = float(np.asarray(f_old / ratio).astype(g[const].dtype.numpy))
-    new_value = float(np.asarray(1.0 / f_new if g[factor].op == Op.DIV else f_new).astype(g[const].dtype.numpy))
+    f_old = 1.0 / old if div else old
+    f_new = float(np.asarray(f_old / ratio).astype(cdt))
+    new_value = float(np.asarray(1.0 / f_new if div else f_new).astype(cdt))
     if not all(math.isfinite(x) and x != 0.0 for x in (ratio, f_new, new_value)):
         return None
-    f_kept = 1.0 / new_value if g[factor].op == Op.DIV else new_value
+    f_kept = 1.0 / new_value if div else new_value
     return ScaleFold(scale, d, ratio, proj, weight, qk.id, bias, factor, const, role, new_value, rope,
                      _power_of_two(ratio), ratio * f_kept == f_old)
 
@@ -250,19 +260,25 @@ def fold_hint(g: Graph, f: ScaleFold) -> str:
     """The fix line of a planned fold, naming the user's nodes, e.g. `fold the scale into q_proj (matmul, node 26):
     multiply its weight q_proj.weight (node 25) by 0.25 = 0.0625 / 0.25 and scale the scores by the default
     1/sqrt(16): the scores' scale mul (node 62) by 0.25 instead of 0.0625 (exact here: 0.25 is a power of two and RoPE
-    is linear)`; "exact" only for a power-of-two ratio, else the same numbers up to rounding."""
+    is linear)`; "exact" only for a power-of-two ratio, else `ROUNDING_ONLY` (the one wording of a change that keeps
+    the numbers in real arithmetic only). Unscaled scores (`ScaleFold.factor` None) get `a new mul of the scores (after
+    matmul node 30) by 0.353553` in place of the changed constant."""
     p = g[f.proj]
     own = p.path and p.path != g[f.qk].path  # the projection's own module (q_proj), not the attention's
     short = p.path.rsplit(".", 1)[-1] if own else "the Q projection"
     what = f"its weight {_named(g, f.weight)}" + (f" and its bias {_named(g, f.bias[1])}" if f.bias else "")
-    node = g[f.factor]
-    old = typed_value(g[f.factor_const])
     linear = " and RoPE is linear" if f.rope else ""
     why = (f"exact here: {f.ratio:.6g} is a power of two{linear}" if f.exact else
-           f"the same numbers up to rounding: {f.ratio:.6g} is not a power of two")
+           f"{ROUNDING_ONLY}: {f.ratio:.6g} is not a power of two")
+    if f.factor is None:
+        scaled = (f"a new mul of the scores (after {g[f.qk].op.value} node {f.qk}) by {f.new_value:.6g}, as they are "
+                  "not scaled now")
+    else:
+        old = typed_value(g[f.factor_const]) if f.factor_const is not None else None
+        scaled = (f"the {ROLE_NAMES[f.role]} {g[f.factor].op.value} (node {f.factor}) by {f.new_value:.6g} instead of "
+                  f"{old:.6g}")
     return (f"fold the scale into {short} ({p.op.value}, node {f.proj}): multiply {what} by {f.ratio:.6g} = "
-            f"{f.scale:.6g} / {f.default:.6g} and scale the scores by the default 1/sqrt({f.head_dim}): the "
-            f"{ROLE_NAMES[f.role]} {node.op.value} (node {f.factor}) by {f.new_value:.6g} instead of {old:.6g} "
+            f"{f.scale:.6g} / {f.default:.6g} and scale the scores by the default 1/sqrt({f.head_dim}): {scaled} "
             f"({why})")
 
 
@@ -280,7 +296,15 @@ def folded_graph(g: Graph, f: ScaleFold) -> Graph:
         with rw.provenance((add.id,), add.path):
             scaled = rw.emit(Op.MUL, [b, rw.const(f.ratio, g[b].dtype)])
         rw.fuse(add.op, [scaled if j == b else j for j in add.inputs], dict(add.attrs), absorbed=(add.id,))
+    if f.factor is None:  # unscaled scores: a new scale mul between the scores' matmul and its readers
+        qk = g[f.qk]
+        with rw.provenance((f.qk,), qk.path):
+            scaled = rw.emit(Op.MUL, [f.qk, rw.const(f.new_value, qk.dtype)])
+        for u in g.users(f.qk):
+            rw.fuse(u.op, [scaled if j == f.qk else j for j in u.inputs], dict(u.attrs), absorbed=(u.id,))
+        return rw.finish()
     node = g[f.factor]
+    assert f.factor_const is not None
     with rw.provenance((f.factor,), node.path):
         c = rw.const(f.new_value, g[f.factor_const].dtype)
     rw.fuse(node.op, [c if j == f.factor_const else j for j in node.inputs], dict(node.attrs), absorbed=(f.factor,))

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from ...ir.ops import REWRITTEN_AS
 from ..explain import comparison_lines
 from ..guard import DOES_NOT_PAY, MODEL_TERM, NOT_A_CANDIDATE
+from ..refusal_kinds import ROUNDING_ONLY
 from ..trace import layer_label
 from .caveat import WORKAROUND
 from .policy import OP_GAP_GROUP
@@ -407,8 +408,8 @@ def gap_words(r: RunVerdict) -> str:
     alone = (f"; {whose} not enough in {len(blockers)} of them: {', '.join(dict.fromkeys(blockers))} fails next"
              if blockers else "")
     rounded = sum(s.gap_workaround_rounded for s in short)  # `OpGap.rounded`: equal only up to rounding
-    exactly = ("" if not rounded else "equal only up to rounding; " if rounded == worked else
-               f"{rounded} of them equal only up to rounding; ")
+    exactly = ("" if not rounded else f"it {ROUNDING_ONLY}; " if rounded == worked else
+               f"in {rounded} of them it {ROUNDING_ONLY}; ")  # the words of every rounding-only change
     workaround = (f"; {_WORKAROUND.rstrip(': ')} in {worked} of them ({exactly}their gap lines name it)"
                   if worked else "")
     return f"{lacks}: a compiler fix{alone}{workaround})"
