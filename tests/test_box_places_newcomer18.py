@@ -120,8 +120,10 @@ def test_the_search_index_holds_each_node_in_the_box_it_is_drawn_in():
 @pytest.mark.parametrize("path", MODELS, ids=lambda p: p.stem)
 def test_a_norm_takes_into_its_box_what_it_absorbed_never_an_operand(path):
     """bart-full's embeddings norm read `gather` %4 (`x`, an operand it binds but does not absorb): %4 stays in its
-    path's box, `encoder`; only the nodes a placed norm absorbed (`Node.absorbed`) follow it."""
-    from rlxviz.passes.placement import RESIDUAL_NORMS, placed
+    path's box, `encoder`; only the nodes a placed norm absorbed (`Node.absorbed`) follow it. A weight placed is one
+    only values the layers share read in the final graph, in their place (granite's mask `bitwise_and`, `other`)."""
+    from rlxviz.ir import Op
+    from rlxviz.passes.placement import RESIDUAL_NORMS, placed, shared
 
     t = _trace(path)
     where = placed(t)
@@ -129,5 +131,9 @@ def test_a_norm_takes_into_its_box_what_it_absorbed_never_an_operand(path):
     absorbed_by = {a: n.id for n in nodes.values() for a in n.absorbed}
     for i, place in where.items():
         if nodes[i].op in RESIDUAL_NORMS:
+            continue
+        if nodes[i].op == Op.PARAM:
+            readers = t.final.users(i)
+            assert readers and all(shared(t.final, u.id) and outside_box(t, u.id) == place for u in readers), i
             continue
         assert i in absorbed_by and where.get(absorbed_by[i]) == place, (path.stem, i, nodes[i].op.value, place)

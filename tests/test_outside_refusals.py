@@ -12,7 +12,8 @@ Decisions:
   reshape and tanh, so its numbers are the file's);
 - refusals anchored in no layer are judged as the whole graph's kind and said under `outside the layers:`
   (`RunVerdict.outside_gaps`, `outside_misses`, the same in `--json`), not counted (the headline counts layers);
-- the box of that place on the final version says it, as a layer's box would (`styles.OP_GAP`, the gap's fill).
+- the box of that place says it, as a layer's box would (`styles.OP_GAP`, the gap's fill), from the version of the
+  pass that refuses it on (not at that version and the final one only, `fused` between).
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ from rlxviz.cli.entry import main
 from rlxviz.ir import Op, parse_ir
 from rlxviz.passes import Pipeline
 from rlxviz.passes.why.verdict import RunVerdict
-from rlxviz.session.render import View, dot
+from rlxviz.session.render import View, dot, picture
+from rlxviz.viz.layers import layer_groups
 from rlxviz.viz.styles import OP_GAP, STATUS_COLORS
 
 DEIT = Path(__file__).parent / "fixtures" / "onnx" / "cases" / "deit.ortopt.onnx"
@@ -136,3 +138,21 @@ def test_deits_pooler_box_is_drawn_as_the_gap_on_the_final_version() -> None:
     assert OP_GAP in re.sub(r"<[^>]+>", " ", line)
     emb = _box(t, len(t.versions()) - 1, "g_embeddings")  # nothing refused there: still green
     assert f'fillcolor="{STATUS_COLORS["fused"]}"' in emb
+
+
+def test_deits_pooler_box_says_its_gap_from_the_refusing_pass_on():
+    """Newcomer finding: the pooler read `△` at the version of `fuse_matmul_bias_act` (the pane's pass refused it)
+    and at the final one (the run's refusals), `fused` between: a box outside the layers says a refusal once the
+    pass that refuses it has run, as a layer's box says its verdict (`settled_verdicts`), so it never flips back."""
+    t = _deit()
+    at = next(i for i, (name, _) in enumerate(t.versions()) if name == "after fuse_matmul_bias_act")
+    said = []
+    for i in range(len(t.versions())):
+        g, ov, kw = picture(t, View(i, "layers", "after"))
+        box = layer_groups(g, ov, kw.get("verdicts"), kw.get("placed"), kw.get("refusals"), kw.get("outside"))
+        said.append(box["g_pooler"].status)
+    assert [i for i, s in enumerate(said) if s == OP_GAP] == list(range(at, len(said))), said
+    # the graph that pass ran on: not yet refused there, but its pane names what the pass finds
+    g, ov, kw = picture(t, View(at, "layers", "before"))
+    box = layer_groups(g, ov, kw.get("verdicts"), kw.get("placed"), kw.get("refusals"), kw.get("outside"))["g_pooler"]
+    assert box.status != OP_GAP and box.found_by == "fuse_matmul_bias_act" and box.found_as == OP_GAP

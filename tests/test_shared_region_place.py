@@ -29,6 +29,8 @@ from rlxviz.passes.placement import outside_box
 from rlxviz.passes.trace import layer_of
 from rlxviz.passes.why.verdict import RunVerdict
 from rlxviz.session.render import View, picture
+from rlxviz.viz.box_words import SHARED as SHARED_WORDS
+from rlxviz.viz.box_words import box_label, box_tooltip
 from rlxviz.viz.layers import layer_groups
 
 ZOO = Path(__file__).parent / "fixtures" / "onnx" / "zoo"
@@ -131,3 +133,22 @@ def test_the_inspector_names_the_layer_a_product_sits_in():
         rep = node_report(t.final, i, t)
         assert rep["layer"] == said[i]
         assert f"(layer {said[i]})" in report_markdown(rep)
+
+
+@pytest.mark.parametrize("path", [T5, ZOO / "t5-encoder.dynamo-eager.onnx", ORT / "t5-encoder.ortopt.onnx",
+                                  ZOO / "mpnet.ts-eager.onnx"], ids=lambda p: p.stem)
+def test_the_shared_position_bias_weighs_in_the_model_box_at_every_version(path):
+    """Newcomer finding: T5's relative position bias (a folded `f32[1, 4, 16, 16]` weight), added in block 0 and
+    read by every block, counted in encoder layer 0's box until `mark_elementwise_regions` took its add into the
+    shared region, then in `model`'s. A box's weights are its own; these are every layer's: counted in `model` at
+    every version, said there (`(1.02K shared)`, the tooltip's why), so the encoder's layers weigh alike."""
+    t = _trace(path)
+    for i in range(len(t.versions())):
+        g, ov, kw = picture(t, View(i, "layers", "after"))
+        boxes = layer_groups(g, ov, kw.get("verdicts"), kw.get("placed"), kw.get("refusals"), kw.get("outside"))
+        model = boxes["g_model"]
+        assert model.shared_weights == 4 * 16 * 16, (path.stem, i, model.shared_weights)
+        assert "(1.02K shared)" in box_label(model) and SHARED_WORDS in box_tooltip(model), (path.stem, i)
+        first = [b.weights for b in boxes.values() if b.layer is not None and b.layer.stack != "decoder"]
+        assert len(first) == 2 and len(set(first)) == 1, (path.stem, i, first)
+        assert not any(b.shared_weights for b in boxes.values() if b is not model)

@@ -136,7 +136,8 @@ def placed(trace: Trace) -> dict[int, Layer | str]:
     deit.ortopt's final `layer_norm` %113, named `layers.1.mlp.fc2` by ONNX Runtime, was boxed in `layers.1` until
     `fuse_residual_ln` made `FusedResidualLN` %144 of it, when a `final norm` box appeared (newcomer run 22); its
     residual sum stays in its layer until fused. What `explain` says of these nodes and where the app's layers view
-    boxes them. Made once per trace."""
+    boxes them. A weight only values the layers share read sits in their place too (`_shared_weights`: no node, a
+    weight the layers view counts there). Made once per trace."""
     hit = _PLACED.get(trace)
     if hit is not None:
         return hit
@@ -169,7 +170,26 @@ def placed(trace: Trace) -> dict[int, Layer | str]:
                         and before[i].op not in (Op.INPUT, Op.PARAM, Op.CONST):
                     out[i] = place
                     todo.append(i)
+    out.update(_shared_weights(trace.final, out))
     _PLACED[trace] = out
+    return out
+
+
+def _shared_weights(g: Graph, where: dict[int, Layer | str]) -> dict[int, str]:
+    """Param id -> the place (`where`'s, else `path_box` of its path) of the value the layers share (`shared`) that
+    reads it in `g`, the run's final graph, for each param only such values read: a weight of every layer, not of
+    the one whose path made it, counted in that place's box at every version (`placed`). T5's relative position bias
+    (a folded `f32[1, 4, 16, 16]` param) was read by block 0's `add` until `mark_elementwise_regions` took that add
+    into the region both blocks read: the app's layers view counted its 1.02K values in encoder layer 0, then, from
+    that version on, in `model`."""
+    out: dict[int, str] = {}
+    for n in g:
+        if n.op in (Op.INPUT, Op.PARAM, Op.CONST) or not shared(g, n.id):
+            continue
+        place = where.get(n.id)
+        for i in n.inputs:
+            if g[i].op == Op.PARAM and all(shared(g, u.id) for u in g.users(i)):
+                out.setdefault(i, place if isinstance(place, str) else path_box(n.path))
     return out
 
 

@@ -8,7 +8,9 @@ rlxviz's ops), `full` or `layers`
 
 The layers view labels each layer box with the run's one final verdict (`verdicts`: the `passes.why.RunVerdict`
 that "why didn't layer N fuse?" renders) at every version; at a version before the layer reached its final form, or
-before the pass that refuses it ran, the box adds what has happened to it so far, labelled (`settled_verdicts`). The
+before the pass that refuses it ran, the box adds what has happened to it so far, labelled (`settled_verdicts`). A
+box outside the layers says, by the same rule, the run's refusals there whose pass has run (`Overlay.trace_summary`
+of the steps so far): from that pass's version on, never only at the final one. The
 "why" side draws the graph before the pass of its first rejection (of its first gap refusal, drawn `△`, for a layer
 held back only by rlxviz's ops), so the text and the picture never disagree.
 """
@@ -218,9 +220,7 @@ def settled_verdicts(trace: Trace, g: Graph, ran: int | None = None) -> dict[int
         ran: how many of `trace.steps` made `g` (version `i` of `trace.versions()`: `i`; the graph step `k` ran on:
             `k`); None: the last version whose graph is `g`.
     """
-    if ran is None:
-        graphs = [v for _, v in trace.versions()]
-        ran = next((i for i in range(len(graphs) - 1, -1, -1) if graphs[i] is g), len(trace.steps))
+    ran = _ran(trace, g) if ran is None else ran
     where = placed(trace)  # drawn where the run placed them (`final norm`, a layer), not by their path
     now, final = _layer_nodes(g, where), _layer_nodes(trace.final, where)
     listed = listed_nodes(trace)
@@ -231,6 +231,12 @@ def settled_verdicts(trace: Trace, g: Graph, ran: int | None = None) -> dict[int
 
     return {k: replace(v, settled=settled(k), made=now[k] & listed.get(k, frozenset()))
             for k, v in verdicts(trace).items() if k in now}
+
+
+def _ran(trace: Trace, g: Graph) -> int:
+    """How many of `trace.steps` made `g`: the last version of `trace` whose graph is `g`, else every step."""
+    graphs = [v for _, v in trace.versions()]
+    return next((i for i in range(len(graphs) - 1, -1, -1) if graphs[i] is g), len(trace.steps))
 
 
 def listed_nodes(trace: Trace) -> dict[Layer | int, frozenset[int]]:
@@ -313,8 +319,10 @@ def picture(source: Trace | Graph, v: View, heat: Heat = ()) -> tuple[Graph, Ove
         ran = v.version if v.side == "after" else max(v.version - 1, 0) if v.side == "before" else \
             next((k for k, s in enumerate(trace.steps) if s.before is g), None)
         kw["verdicts"] = settled_verdicts(trace, g, ran)  # the final verdict, as the "why" view says it, on every box
-        if g is trace.final:  # the boxes outside the layers say the verdict's `outside the layers:` lines
-            kw["outside"] = Overlay.trace_summary(trace)
+        # the boxes outside the layers say the run's refusals whose pass has run, as a layer's settled box does: the
+        # verdict's `outside the layers:` lines on the final version, and none of them before its pass (deit's pooler
+        # read `fused` between its refusal and the final version, the pane's pass refusing nothing there)
+        kw["outside"] = Overlay.trace_summary(trace, _ran(trace, g) if ran is None else ran)
     if heat:
         ov = replace(ov or Overlay(), heat={i: (fill, line) for i, fill, line in heat if i in g})
     return g, ov, kw

@@ -31,10 +31,16 @@ SAME_AS = ("the same ops, shapes and wiring, as many weights, and the same final
 """What a "same as layer K" box's tooltip says two layers share: what `layers.layer_signature` compares, no more."""
 
 
+SHARED = ("read only by values several layers read (the layers share them: T5's relative position bias, a mask), "
+          "counted in this box at every version, whichever op read them first")
+"""What a box's tooltip says of the weights it counts that the layers share (`LayerGroup.shared_weights`)."""
+
+
 def box_label(g: LayerGroup) -> str:
     ops = Counter(n.op.value for n in g.nodes)
+    shared = f" ({human_count(g.shared_weights)} shared)" if g.shared_weights else ""
     lines = [f"<B>{_e(g.title)}</B>",
-             _small(f"{len(g.nodes)} op(s), {human_count(g.weights)} weights", "#333333", 9)]
+             _small(f"{len(g.nodes)} op(s), {human_count(g.weights)} weights{shared}", "#333333", 9)]
     summary = ", ".join(f"{k}×{v}" if v > 1 else k for k, v in ops.most_common(4))
     if len(ops) > 4:
         summary += ", …"
@@ -187,6 +193,8 @@ def box_tooltip(g: LayerGroup) -> str:
     parts = [f"{g.title}: {status_text(g) or 'no layer'}", f"nodes: {' '.join(f'%{n.id}' for n in g.nodes[:60])}"]
     if g.same_as is not None:
         parts.append(f"same as {layer_label(g.same_as)}: {SAME_AS}")
+    if g.shared_weights:
+        parts.append(f"weights: {human_count(g.weights)} values, {human_count(g.shared_weights)} of them {SHARED}")
     if g.verdict is not None and g.verdict.message:
         parts.append(f"why: {g.verdict.message}")
     for r in g.rejections:
@@ -197,4 +205,4 @@ def box_tooltip(g: LayerGroup) -> str:
     return "\n".join(parts)
 
 
-__all__ = ["SAME_AS", "box_label", "box_tooltip", "status_text"]
+__all__ = ["SAME_AS", "SHARED", "box_label", "box_tooltip", "status_text"]

@@ -107,7 +107,10 @@ class LayerGroup:
         title: `encoder.layer.3`.
         layer: layer index or None.
         nodes: compute nodes in the group.
-        weights: number of parameter values the group reads.
+        weights: number of parameter values the group reads: each weight once, in the box of its first reader in
+            graph order, but a weight only values the layers share read (`placement.placed`: T5's relative position
+            bias, which block 0 adds and every block reads) in their box, at every version.
+        shared_weights: how many of `weights` are such values the layers share (the box's label and tooltip say it).
         status: `fused`, `partly fused`, `rejected`, `rewritten` (no fused op, but plain ops a match made:
             `Verdict.made`), `unfused` (or `` for non-layer groups): what the passes so far did to the layer; with
             a settled `Verdict` (`Verdict.settled`), its word (`fused`, `not fused`).
@@ -134,6 +137,7 @@ class LayerGroup:
     layer: int | None
     nodes: list[Node] = field(default_factory=list)
     weights: int = 0
+    shared_weights: int = 0
     status: str = ""
     rejections: list[Rejection] = field(default_factory=list)
     verdict: Verdict | None = None
@@ -307,7 +311,9 @@ def layer_groups(graph: Graph, overlay: Overlay | None = None,
             pass's own, `Overlay.before(step)`, which the after overlay does not mark on the graph it made), so a
             pass's before and after panes say alike what it found (`LayerGroup.found_by`).
         outside: the overlay whose rejections the boxes outside the layers say (`outside_status`) instead: the run's
-            (`Overlay.trace_summary`) on the final version, as `explain`'s `outside the layers:` lines say them.
+            whose pass has run by the version drawn (`Overlay.trace_summary(trace, ran)`), as a layer's box says its
+            verdict once the pass that refuses it has run; on the final version `explain`'s `outside the layers:`
+            lines. Default: `refusals`, else `overlay`.
         verdicts: layer -> the session's final verdict (what "why didn't layer N fuse?" says); a layer whose verdict
             is `settled` takes its word as status, an unsettled one keeps its status at this version beside it.
         placed: node id -> where it sits, for the nodes `passes.placement.placed` places by the model's structure,
@@ -334,13 +340,18 @@ def layer_groups(graph: Graph, overlay: Overlay | None = None,
     for g in groups.values():
         g.title = g.title or layer_label(g.layer)
     for n in graph.params:
-        for u in graph.users(n):
-            if u.id in of:
-                size = 1
-                for s in n.shape:
-                    size *= s
-                groups[of[u.id]].weights += size
-                break
+        reader = next((u for u in graph.users(n) if u.id in of), None)
+        if reader is None:
+            continue
+        size = 1
+        for s in n.shape:
+            size *= s
+        place = where.get(n.id)  # a weight the layers share (`placement.placed`): in their place, at every version
+        if isinstance(place, str) and place_key(place) in groups:
+            groups[place_key(place)].weights += size
+            groups[place_key(place)].shared_weights += size
+        else:
+            groups[of[reader.id]].weights += size
     by_layer = {g.layer: g for g in groups.values() if g.layer is not None}
     # weight preparation and dead ops (what dead_code_elimination removes) leave nothing to fuse: a box's word at a
     # version depends on the live ops it holds only

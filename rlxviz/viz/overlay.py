@@ -380,12 +380,14 @@ class Overlay:
                    added=added, removed=removed, origin=old)
 
     @classmethod
-    def trace_summary(cls, trace: Trace) -> Overlay:
-        """Every rejection of a run and every fused node still in its final graph (for the layer view)."""
+    def trace_summary(cls, trace: Trace, ran: int | None = None) -> Overlay:
+        """Every rejection of a run and every fused node still in its final graph (for the layer view); `ran`: the
+        rejections of the first `ran` steps only (`trace.steps[:ran]`: those whose pass has run by version `ran`), each
+        still judged as the whole run judges it (`standings`), so a place's status never changes back as steps go."""
         final = trace.final
         fused = tuple(m for m in trace.matches if m.fused is not None and m.fused in final)
         return cls(title=trace.pipeline, fused=fused,
-                   rejections=tuple(r for s in trace.steps for r in worded(trace, s)), origin=all_versions(trace),
+                   rejections=tuple(r for s in trace.steps[:ran] for r in worded(trace, s)), origin=all_versions(trace),
                    made=made_in_run(trace), standings=(groups := run_groups(trace)),
                    gap_names={pl: names for s in trace.steps for pl, names in gap_names(trace, s, groups).items()},
                    followers={k: w for s in trace.steps for k, w in gap_followers(trace, s, groups).items()},

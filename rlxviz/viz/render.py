@@ -51,8 +51,9 @@ def render_dot(graph: Graph, overlay: Overlay | None = None, *, view: str = "ful
             stubs (what they say of where their node sits).
         refusals: layers view: the pass's refusals its boxes say when `overlay` does not hold them (the after pane:
             `Overlay.before(step)`; `layers.layer_groups`).
-        outside: layers view: the run's refusals the boxes outside the layers say (`Overlay.trace_summary`, on the
-            final version: the verdict's `outside the layers` lines), else `refusals` or `overlay`'s.
+        outside: layers view: the run's refusals the boxes outside the layers say (`Overlay.trace_summary` of the
+            steps run by the version drawn; on the final version the verdict's `outside the layers` lines), else
+            `refusals` or `overlay`'s.
 
     Raises:
         ValueError: unknown view, or `focus` names a layer the graph lacks.
