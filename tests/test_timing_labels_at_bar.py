@@ -114,11 +114,13 @@ def test_a_busy_runs_speed_up_panel_is_a_message_with_the_flags_figures(make):
     # no empty plot: the speed-up figure is gone, a message stands in its place
     assert isinstance(note, Div) and not any(getattr(c, "title", None) is not None and
                                              str(c.title.text).startswith("speed-up") for c in below)
-    assert note.text == busy_speedup_html(rows) and BUSY_SPEEDUP_HEAD in note.text
+    assert busy_speedup_html(rows) in note.text and BUSY_SPEEDUP_HEAD in note.text
     assert "busy" in note.text and "Time again" in note.text
     figures = [w for w in flag.split() if any(ch.isdigit() for ch in w)]
     assert figures and all(w.rstrip(".,:;") in note.text for w in figures), (figures, note.text)
-    assert note.height == fig.children[0].height and note.sizing_mode == "stretch_width"
+    # as tall as its text, within the row of the error plot (the chart's column stays twice a plot's height)
+    assert note.height is None and note.sizing_mode == "stretch_width" and note.margin[0] == note.margin[2] == 0
+    assert err.height == fig.children[0].height and fig.height == 2 * err.height
     # the error plot beside it names the versions itself (the speed-up plot named them)
     assert all(a.visible for a in err.yaxis) and err.y_range is fig.children[0].y_range
     # the median plot is drawn as measured, labels at their bars

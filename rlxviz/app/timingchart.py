@@ -314,6 +314,11 @@ BUSY_SPEEDUP_HEAD = "Speed-up over the input: not read, the machine was busy"
 """The first line of what stands in the speed-up plot's place on a busy run (`busy_speedup_html`)."""
 
 
+BUSY_BOX_STYLE = ("border: 1px solid #f5c2c7; background: #f8d7da; color: #58151c; padding: 10px; font-size: 13px; "
+                  "line-height: 1.4; border-radius: 4px")
+"""The box of `busy_speedup_html` (the colours of the busy banner above it, Panel's "danger" alert)."""
+
+
 def busy_speedup_html(rows: list[dict[str, Any]]) -> str:
     """What stands in the speed-up plot's place on a busy run (`rows[i]["busy"]`), as HTML: `BUSY_SPEEDUP_HEAD`, the
     busy flag's own sentence with its figures (`session.busy_warning`: "median 3.02 ms is 3.0x the minimum 1.00 ms on
@@ -324,7 +329,7 @@ def busy_speedup_html(rows: list[dict[str, Any]]) -> str:
     flag = next((str(r["busy"]) for r in rows if r.get("busy")), "")
     if not flag:
         return ""
-    return (f"<b>{BUSY_SPEEDUP_HEAD}.</b><br>The busy check flagged this run: {html.escape(flag)}.<br>"
+    return (f"<b>{BUSY_SPEEDUP_HEAD}.</b><br>What the busy check found: {html.escape(flag)}.<br>"
             "On a machine this busy the per-round ratios cannot tell the versions apart, so no speed-up bar or "
             "number is drawn; the medians above are shown as measured. Press <i>↻ Time again</i> when the machine "
             "is quieter.")
@@ -403,10 +408,10 @@ def timing_figure(rows: list[dict[str, Any]]) -> Any:
     q.scatter(x="err", y="version", source=src, size=9, color="err_color")  # by the table's verdict: `error_color`
     if busy:  # no ratio to draw: the message in the speed-up plot's place, the error plot names the versions
         q.sizing_mode, q.min_width = "stretch_width", 360
-        note = Div(text=busy_speedup_html(rows), height=h, sizing_mode="stretch_width", min_width=240,
-                   css_classes=["rv-speedup-busy"], margin=(10, 10, 10, 5),
-                   styles={"border": "1px solid #f5c2c7", "background": "#f8d7da", "color": "#58151c",
-                           "padding": "10px", "font-size": "13px", "line-height": "1.4", "overflow": "auto"})
+        # the box as tall as its text (the row stretches the Div to the error plot's height: a box that tall was a
+        # large blank area again); no vertical margin: the row stays the error plot's height, the column's `2 * h`
+        note = Div(text=f'<div style="{BUSY_BOX_STYLE}">{busy_speedup_html(rows)}</div>',
+                   sizing_mode="stretch_width", min_width=240, css_classes=["rv-speedup-busy"], margin=(0, 10, 0, 5))
         return column(p, row(note, q, sizing_mode="stretch_width"), sizing_mode="stretch_width", height=2 * h)
     q.yaxis.visible = False
     sp = figure(y_range=p.y_range, height=h, sizing_mode="stretch_width", min_width=300, toolbar_location=None,
