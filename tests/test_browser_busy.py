@@ -11,9 +11,10 @@ import time
 import pytest
 from playwright.sync_api import expect
 from served import ART, WAIT_MS, browser_fixture, pane_text, server_fixture, watched_page
-from test_browser_timing import BARS_JS, time_bert_tiny
+from test_browser_timing import BARS_JS, PLOTS_JS, time_bert_tiny
 
 from rlxviz.app.timeproc import FORCE_BUSY_ENV
+from rlxviz.app.timingchart import BUSY_SPEEDUP_HEAD
 from rlxviz.session.timing import NOT_READ
 
 expect.set_options(timeout=WAIT_MS)
@@ -39,6 +40,11 @@ def _read_busy(pg):
     assert bars, "no timing chart data in the page"
     for b in bars:
         assert not any(re.search(r"faster|slower", t) for t in b["xl"]), b["xl"]
+    # no empty speed-up plot (only its rule at 1): a message with the busy flag's figures in its place
+    note = chart.locator(".rv-speedup-busy")
+    expect(note).to_contain_text(BUSY_SPEEDUP_HEAD)
+    expect(note).to_contain_text(re.compile(r"\d+\.\d+ ms"))
+    assert not [p for p in pg.evaluate(PLOTS_JS) if p["title"].startswith("speed-up")]
     table = pg.locator(".rv-timings")
     words = " ".join(table.locator(".tabulator-cell").all_inner_texts())
     assert NOT_READ in words and not re.search(r"\bfaster\b|\bslower\b", words), words

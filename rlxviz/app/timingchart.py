@@ -106,8 +106,24 @@ def error_formatter() -> Any:
 
 
 LABEL_ROOM = 1.6
-"""The timing charts' x axes end at the largest whisker end times this: room for a bar's label after it (up to
-"0.88× (0.80–0.95)" or "0.88× within noise", about 120 px)."""
+"""The timing charts' x axes end at the largest whisker end times this: room for a bar's label after the bar's end
+(up to "0.88× (0.80–0.95)" or "0.88× within noise", about 120 px), which lies at or before its whisker's end."""
+
+WHISKER_DODGE = -0.26
+"""Where each whisker is drawn in its row, in rows from the row's centre (negative: down): along the lower edge of the
+bar (0.7 of a row high), below the bar's label, which sits on the row's centre line at the bar's end. Drawn through
+the centre, a whisker ran through the label; the label printed after the whisker's end (p75) sat at the 600 ms
+gridline beside a bar that ended at 56 ms (a newcomer's busy minilm run at 1280x800)."""
+
+LABEL_LIFT_PX = 2
+"""How far a bar's label sits above its row's centre, px (vertically centred text, 11 px): clear of its whisker's
+caps (`WHISKER_DODGE`, `WHISKER_CAP_PX`) below it."""
+
+WHISKER_CAP_PX = 6
+"""A whisker's end caps, px across: inside the bar's lower half, clear of the label above them."""
+
+LABEL_GAP_PX = 4
+"""A bar's label starts this far right of the bar's end, px."""
 
 
 def on_kernels(row: dict[str, Any]) -> bool:
@@ -209,15 +225,15 @@ def error_color(row: dict[str, Any]) -> str:
 
 def chart_legend(rows: list[dict[str, Any]]) -> str:
     """What the timing chart shows, in words true of this run's chart (`timing_figure`), as Markdown: the median bars
-    (whiskers p25 to p75, each labelled with its median, printed after its whisker's end); on a usable run the speed-up
-    bars (each labelled with its own number, coloured by its reading) and what *within noise* means; on a busy run
-    (`rows[i]["busy"]`) that no speed-up bar or number is shown. "" without rows."""
+    (whiskers p25 to p75 along each bar's lower edge, each bar labelled with its median at the bar's end); on a usable
+    run the speed-up bars (each labelled with its own number, coloured by its reading) and what *within noise* means;
+    on a busy run (`rows[i]["busy"]`) that no speed-up bar or number is shown. "" without rows."""
     from ..session.timing import PRACTICAL, WIDE_CI
 
     if not rows:
         return ""
-    top = ("Top: the median ms over the rounds (bars; whiskers: p25 to p75); each median bar's label is its median, "
-           "printed after the end of its whisker.")
+    top = ("Top: the median ms over the rounds (bars; whiskers along each bar's lower edge: p25 to p75); each "
+           "median bar's label is its median, printed at the bar's end.")
     if any(r.get("busy") for r in rows):
         return (f"{top} No speed-up is drawn or printed: the machine was busy (above), so no ratio of this run is "
                 f"read; the medians are shown as measured. {ERROR_LEGEND}")
@@ -276,7 +292,7 @@ def plot_height(n_rows: int) -> int:
     return max(200, PLOT_FRAME_PX + PLOT_ROW_PX * n_rows)
 
 
-MS_AXIS = "ms; bar: median; whisker: p25 to p75; label: median, after the whisker"
+MS_AXIS = "ms; bar: median, labelled at its end; whisker (below the label): p25 to p75"
 """The median plot's x-axis label (it fits the plot's width at 1280 px with the sidebar open)."""
 
 SPEEDUP_AXIS = "× over the input (paired); whisker: 95% ci"
@@ -286,24 +302,50 @@ per-round ratios); whisker: 95% interval" was cut to "whisker: 95% int"; the leg
 
 def speedup_title(rows: list[dict[str, Any]]) -> str:
     """The speed-up plot's title, in lines short enough for its width at 1280 px (a longer one ran into the error
-    plot's title): "speed-up over the input", then on a busy run "busy: not read, no bar drawn", else where rows
-    ran rlxviz's kernels "fusion + rlxviz's kernels together" (those rows' speed-ups are not the fusion's alone)."""
-    if any(r.get("busy") for r in rows):
-        return "speed-up over the input\nbusy: not read, no bar drawn"
+    plot's title): "speed-up over the input", then where rows ran rlxviz's kernels "fusion + rlxviz's kernels
+    together" (those rows' speed-ups are not the fusion's alone). A busy run draws no speed-up plot
+    (`busy_speedup_html` stands in its place)."""
     if any(map(on_kernels, rows)):
         return "speed-up over the input\nfusion + rlxviz's kernels together"
     return "speed-up over the input"
 
 
+BUSY_SPEEDUP_HEAD = "Speed-up over the input: not read, the machine was busy"
+"""The first line of what stands in the speed-up plot's place on a busy run (`busy_speedup_html`)."""
+
+
+BUSY_BOX_STYLE = ("border: 1px solid #f5c2c7; background: #f8d7da; color: #58151c; padding: 10px; font-size: 13px; "
+                  "line-height: 1.4; border-radius: 4px")
+"""The box of `busy_speedup_html` (the colours of the busy banner above it, Panel's "danger" alert)."""
+
+
+def busy_speedup_html(rows: list[dict[str, Any]]) -> str:
+    """What stands in the speed-up plot's place on a busy run (`rows[i]["busy"]`), as HTML: `BUSY_SPEEDUP_HEAD`, the
+    busy flag's own sentence with its figures (`session.busy_warning`: "median 3.02 ms is 3.0x the minimum 1.00 ms on
+    #0 input"), escaped (it names the model's versions), why no ratio is drawn and what to do. A plot holding only
+    the rule at 1 read as a large blank area. "" on a run not flagged busy."""
+    import html
+
+    flag = next((str(r["busy"]) for r in rows if r.get("busy")), "")
+    if not flag:
+        return ""
+    return (f"<b>{BUSY_SPEEDUP_HEAD}.</b><br>What the busy check found: {html.escape(flag)}.<br>"
+            "On a machine this busy the per-round ratios cannot tell the versions apart, so no speed-up bar or "
+            "number is drawn; the medians above are shown as measured. Press <i>↻ Time again</i> when the machine "
+            "is quieter.")
+
+
 def timing_figure(rows: list[dict[str, Any]]) -> Any:
     """Three plots on one y range (one row per version), each bar labelled with its own number:
 
-    * median ms per version (bars; whiskers p25 to p75 of the rounds; label `N.NN ms`, placed after the whisker's
-      end, as the axis label says);
+    * median ms per version (bars; whiskers p25 to p75 of the rounds along each bar's lower edge, `WHISKER_DODGE`;
+      label `N.NN ms` at the bar's end, `LABEL_GAP_PX` right of it, as the axis label says: it reads against the
+      gridline at its own bar's end, not at its whisker's);
     * the speed-up over the input (bars: the median of the paired per-round ratios, `session.paired_verdict`;
-      whiskers: its 95% bootstrap interval; label `speedup_label`, that same number; fill `speedup_color`, by its
-      reading), a rule at 1. On a busy run (`row["busy"]`) no bar, whisker or label: the plot's title says why
-      (`session.timing.speedup_text` prints no number there either);
+      whiskers: its 95% bootstrap interval, placed as the median plot's; label `speedup_label`, that same number, at
+      the bar's end; fill `speedup_color`, by its reading), a rule at 1. On a busy run (`row["busy"]`) no plot: a
+      message in its place says why (`busy_speedup_html`; `session.timing.speedup_text` prints no number there
+      either), and the error plot beside it names the versions itself;
     * max |error| vs the table's reference (log axis; a dot coloured by the table's verdict, `error_color`).
 
     A bar and its label are one statistic: a median ms bar longer than the input's may sit next to a speed-up
@@ -314,8 +356,9 @@ def timing_figure(rows: list[dict[str, Any]]) -> Any:
     one row the version names on the axis (about 250 px) left the median plot about 65 px of plot at 1280x800 with
     the sidebar open (issue 39); now it has the pane's width less the names (about 640 px there)."""
     from bokeh.layouts import column, row
-    from bokeh.models import ColumnDataSource, FixedTicker, LabelSet, Range1d, Span, Whisker
+    from bokeh.models import ColumnDataSource, Div, FixedTicker, Range1d, Span
     from bokeh.plotting import figure
+    from bokeh.transform import dodge
 
     labels = [timing_factor(r, kernels_marked(rows)) for r in rows]
     low = [r.get("p25_ms", r["median_ms"] - r.get("iqr_ms", 0.0) / 2) for r in rows]
@@ -327,13 +370,14 @@ def timing_figure(rows: list[dict[str, Any]]) -> Any:
     speed = [nan if busy else r.get("speedup", nan) for r in rows]
     s_low = [nan if busy else r.get("ci_low", x) for r, x in zip(rows, speed, strict=True)]
     s_high = [nan if busy else r.get("ci_high", x) for r, x in zip(rows, speed, strict=True)]
-    # a version not timed again: no bar, its label ("unchanged: same as #17, ...") at the axis's start
-    at = [0.0 if r.get("same_as") is not None else x for r, x in zip(rows, high, strict=True)]
+    # each label at its own bar's end; a version not timed again: no bar, its label ("unchanged: same as #17, ...")
+    # at the axis's start
+    at = [0.0 if r.get("same_as") is not None else r["median_ms"] for r in rows]
     src = ColumnDataSource({"version": labels, "ms": [r["median_ms"] for r in rows], "low": low, "high": high,
                             "ms_at": at,
                             "ms_label": [ms_label(r) for r in rows],
                             "x": speed, "x_low": s_low, "x_high": s_high,
-                            "x_at": [0.0 if r.get("same_as") is not None else x for r, x in zip(rows, s_high,
+                            "x_at": [0.0 if r.get("same_as") is not None else x for r, x in zip(rows, speed,
                                                                                                 strict=True)],
                             "speedup": ["" if busy and r.get("same_as") is None else speedup_label(r) for r in rows],
                             "x_color": [speedup_color(r) for r in rows],
@@ -347,28 +391,14 @@ def timing_figure(rows: list[dict[str, Any]]) -> Any:
     if "\n" in p.title.text:
         p.title.text_font_size = "12px"  # two lines in the plot's width
     p.hbar(y="version", right="ms", height=0.7, source=src, color="#1565c0")
-    p.add_layout(Whisker(base="version", lower="low", upper="high", dimension="width", source=src,
-                         line_color="#333"))
-    p.add_layout(LabelSet(x="ms_at", y="version", text="ms_label", source=src, x_offset=6, y_offset=-7,
-                          text_font_size="11px"))
+    p.add_layout(_whisker(src, "low", "high", dodge("version", WHISKER_DODGE, range=p.y_range)))
+    p.add_layout(_bar_label(src, "ms_at", "ms_label"))
     # Bokeh's automatic range covers the bars only (not annotations): set it so every whisker end and the
     # label after it show.
     p.x_range = Range1d(start=min([0.0, *(v for v in low if v == v)]),
                         end=max([1e-6, *(v for v in high if v == v)]) * LABEL_ROOM)
-    sp = figure(y_range=p.y_range, height=h, sizing_mode="stretch_width", min_width=300, toolbar_location=None,
-                title=speedup_title(rows), x_axis_label=SPEEDUP_AXIS)
-    for f in (p, sp):  # the speed-up's label in its plot's width at 1280 px (16 px, it ran past the figure's edge)
-        f.xaxis.axis_label_text_font_size = "12px"
-    sp.title.align = "left"
-    sp.title.text_font_size = "12px"  # two short lines in about 290 px of plot at 1280 px with the sidebar open
-    sp.hbar(y="version", right="x", height=0.7, source=src, color="x_color")  # by reading: `speedup_color`
-    sp.add_layout(Whisker(base="version", lower="x_low", upper="x_high", dimension="width", source=src,
-                          line_color="#333"))
-    sp.add_layout(Span(location=1.0, dimension="height", line_color="#c62828", line_dash="dashed"))
-    sp.add_layout(LabelSet(x="x_at", y="version", text="speedup", source=src, x_offset=6, y_offset=-7,
-                           text_font_size="11px"))
-    ends = [v for v in (*s_high, *speed) if v == v]
-    sp.x_range = Range1d(start=0.0, end=max([1.0, *ends]) * (LABEL_ROOM + 0.3))
+    # the speed-up's label in its plot's width at 1280 px (16 px, it ran past the figure's edge)
+    p.xaxis.axis_label_text_font_size = "12px"
     hi = max([1e-2, *(10 * r["max_err"] for r in rows if r["max_err"] == r["max_err"])])
     q = figure(y_range=p.y_range, height=h, width=240, x_axis_type="log", x_range=(1e-9, hi),
                title="max |error| vs the reference", toolbar_location=None)
@@ -376,11 +406,48 @@ def timing_figure(rows: list[dict[str, Any]]) -> Any:
     top = math.ceil(math.log10(hi)) if math.isfinite(hi) else 0
     q.xaxis.ticker = FixedTicker(ticks=[10.0 ** k for k in range(-9, top + 1, 3)])
     q.scatter(x="err", y="version", source=src, size=9, color="err_color")  # by the table's verdict: `error_color`
+    if busy:  # no ratio to draw: the message in the speed-up plot's place, the error plot names the versions
+        q.sizing_mode, q.min_width = "stretch_width", 360
+        # the box as tall as its text (the row stretches the Div to the error plot's height: a box that tall was a
+        # large blank area again); no vertical margin: the row stays the error plot's height, the column's `2 * h`
+        note = Div(text=f'<div style="{BUSY_BOX_STYLE}">{busy_speedup_html(rows)}</div>',
+                   sizing_mode="stretch_width", min_width=240, css_classes=["rv-speedup-busy"], margin=(0, 10, 0, 5))
+        return column(p, row(note, q, sizing_mode="stretch_width"), sizing_mode="stretch_width", height=2 * h)
     q.yaxis.visible = False
+    sp = figure(y_range=p.y_range, height=h, sizing_mode="stretch_width", min_width=300, toolbar_location=None,
+                title=speedup_title(rows), x_axis_label=SPEEDUP_AXIS)
+    sp.xaxis.axis_label_text_font_size = "12px"
+    sp.title.align = "left"
+    sp.title.text_font_size = "12px"  # two short lines in about 290 px of plot at 1280 px with the sidebar open
+    sp.hbar(y="version", right="x", height=0.7, source=src, color="x_color")  # by reading: `speedup_color`
+    sp.add_layout(_whisker(src, "x_low", "x_high", dodge("version", WHISKER_DODGE, range=p.y_range)))
+    sp.add_layout(Span(location=1.0, dimension="height", line_color="#c62828", line_dash="dashed"))
+    sp.add_layout(_bar_label(src, "x_at", "speedup"))
+    ends = [v for v in (*s_high, *speed) if v == v]
+    sp.x_range = Range1d(start=0.0, end=max([1.0, *ends]) * (LABEL_ROOM + 0.3))
     return column(p, row(sp, q, sizing_mode="stretch_width"), sizing_mode="stretch_width", height=2 * h)
 
 
-__all__ = ["ERROR_LEGEND", "OK_VERDICTS", "error_color",
+def _whisker(src: Any, lower: str, upper: str, base: Any) -> Any:
+    """A plot's whiskers, `lower` to `upper` (columns of `src`), along each bar's lower edge (`base`: the rows dodged
+    by `WHISKER_DODGE`), with small caps (`WHISKER_CAP_PX`) clear of the bar's label."""
+    from bokeh.models import TeeHead, Whisker
+
+    heads = {k: TeeHead(size=WHISKER_CAP_PX, line_color="#333") for k in ("lower_head", "upper_head")}
+    return Whisker(base=base, lower=lower, upper=upper, dimension="width", source=src, line_color="#333", **heads)
+
+
+def _bar_label(src: Any, x: str, text: str) -> Any:
+    """Each bar's label (`text` column of `src`) at `x` (the bar's end), `LABEL_GAP_PX` right of it, on the row's
+    centre line lifted `LABEL_LIFT_PX` above its whisker."""
+    from bokeh.models import LabelSet
+
+    return LabelSet(x=x, y="version", text=text, source=src, x_offset=LABEL_GAP_PX, y_offset=LABEL_LIFT_PX,
+                    text_baseline="middle", text_font_size="11px")
+
+
+__all__ = ["BUSY_SPEEDUP_HEAD", "LABEL_GAP_PX", "WHISKER_DODGE", "busy_speedup_html", "ERROR_LEGEND", "OK_VERDICTS",
+           "error_color",
            "FASTER_COLOR", "KERNELS_MARK", "LABEL_ROOM", "NEUTRAL_COLOR", "SLOWER_COLOR", "chart_legend",
            "speedup_color", "table_rows", "PLOT_FRAME_PX", "PLOT_ROW_PX", "chart_title", "error_formatter",
            "fusion_kernels_markdown", "kernels_marked", "machine_verdict", "ms_label", "on_kernels", "plot_height",
