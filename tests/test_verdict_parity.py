@@ -25,7 +25,9 @@ from rlxviz.app.explain import node_report, report_markdown
 from rlxviz.app.jobs import Runner
 from rlxviz.app.state import AppState
 from rlxviz.models import PRESETS
+from rlxviz.passes.refusal_kinds import kind_words
 from rlxviz.passes.trace import layer_of
+from rlxviz.passes.why.standing import place_gaps, standing
 from rlxviz.passes.why.verdict import OP_GAP_GROUP, RunVerdict, first_gap, why_step
 from rlxviz.session import opening as SESSION_OPEN
 from rlxviz.session.render import View, picture, verdicts
@@ -171,10 +173,45 @@ def _explain(capsys, monkeypatch, *args) -> tuple[int, str, dict, object]:
     return code, text, json.loads(out), seen[-1]
 
 
+_SAID = re.compile(r"(\w+) ran before and said no here: (\w+) \((.*?)\): ")
+"""A "said no here" clause of a refusal's message (`report._what_ran`): the earlier pass, its guard and the words its
+refusal is named by, `a gap in rlxviz's ops: FORM` or the refusal's kind."""
+_GAP_SAID = "a gap in rlxviz's ops"
+
+
+def _said_standings(trace, name: str, guard: str) -> dict[bool, set[str]]:
+    """Whether each headline refusal of pass `name` at `guard` in `trace` stands at a gap in rlxviz's ops (its
+    `standing`, what the chips, `explain -v` and `--json` read) -> the words a "said no here" clause may name it by."""
+    out: dict[bool, set[str]] = {}
+    for s in trace.steps:
+        for r in s.rejections:
+            if r.pass_name == name and r.guard == guard and r.headline:
+                st = standing(trace, r)
+                gap = st is not None and st[0] == OP_GAP_GROUP
+                words = f"{_GAP_SAID}: {' and '.join(place_gaps(trace, r))}" if gap else kind_words(r.kind, r.dead)
+                out.setdefault(gap, set()).add(words)
+    return out
+
+
+def _check_said_no_here(text: str, trace) -> int:
+    """Every "said no here" clause of `text` (`explain`'s text, the app's Why tab) names the earlier refusal by its
+    standing: `a gap in rlxviz's ops: ...` only where its standing is the chips' `△` (`OP_GAP_GROUP`), else by its
+    kind (`the model's own term`), as `explain -v`, the chips and `--json` name it (n3-09's cross-attention
+    `self_attention` was a gap in the Why line alone). The clauses checked."""
+    said = _SAID.findall(text)
+    for name, guard, words in said:
+        standings = _said_standings(trace, name, guard)
+        gap = words.startswith(_GAP_SAID)
+        assert gap in standings, (name, guard, words, standings)
+        assert words in standings[gap], (name, guard, words, standings)
+    return len(said)
+
+
 def _check_cli(code: int, text: str, j: dict, trace) -> RunVerdict:
     """Every fact of `--json` is in the text and every fact of the text in `--json`; both are the run's verdict."""
     v = RunVerdict.of(trace)
     assert j["ok"] == v.ok
+    _check_said_no_here(text, trace)
     if v.ok:  # 1 only for a failed import or numeric check, which the verdict does not hold
         numbers = j["numeric_check"]
         assert code == 0 or (code == 1 and (numbers is not None and not numbers["ok"] or j["import_checks"])), text
@@ -274,6 +311,7 @@ def _check_why_tab(s: AppState, j: dict) -> None:
         return
     for d in j["layers"]:
         why = _plain(s.why_layer(d["layer"]))
+        _check_said_no_here(why, s.advised_trace())
         blocks = _blocks(why.split("\n\n", 1)[1])
         assert len(blocks) == 1 and blocks[0][0] == d["status"], why
         want = {_miss_key(m) for m in d["misses"]} | {(o["rule"], o["guard"]) for o in d["rejections"]}
@@ -418,3 +456,55 @@ def test_a_miss_only_in_json_fails_the_parity_check():
     assert _text_facts(block) != {("a.b", "g"), ("c.d", "h")}
     assert _miss_key("c.d @ %3 (p.q): h [not recognized]: why -> fix") == ("c.d", "h")
     assert _miss_key("unrecognized.attention @ %20 (p): no_rule: softmax") == ("unrecognized.attention", "no_rule")
+
+
+def _run(path: Path):
+    """The canonical run of `path` as `explain` opens it (seq 8)."""
+    from rlxviz.session import OpenRequest, open_model, open_pipeline, open_trace
+
+    asked = OpenRequest(source=str(path), seq=8)
+    return open_trace(open_model(asked).graph, asked, open_pipeline(asked))
+
+
+def _messages(trace) -> str:
+    """Every refusal's message as `explain -v`, `--json` and the app's table word it (`report.in_context`)."""
+    from rlxviz.passes.report import in_context
+
+    return "\n".join(in_context(trace, k, r)[0] for k, s in enumerate(trace.steps) for r in s.rejections)
+
+
+SAID_FILES = HANDED + [p for p in FIXTURES if p.parent.name == "cases"] + [
+    p for p in ZOO if p.stem in ("mobilebert.dynamo-eager", "mobilebert.optimum")]
+"""Every handed case, the ONNX cases and the zoo files whose Why lines named a model's own term a gap: mobilebert's
+attention (its V projected from another input than Q/K), like n3-09's cross-attention and n4-13's shared K/V."""
+
+
+@pytest.mark.parametrize("path", SAID_FILES, ids=[p.stem for p in SAID_FILES])
+def test_every_said_no_here_names_the_refusals_standing(path):
+    """Every "said no here" clause of every refusal's message names the earlier refusal as its standing does."""
+    _check_said_no_here(_messages(_run(path)), _run(path))
+
+
+def test_the_cross_attention_why_line_says_the_models_own_term(capsys, monkeypatch):
+    """n3-09 (a newcomer's finding): the Why tab's not-expected line called `self_attention` at the cross-attention
+    `a gap in rlxviz's ops: cross-attention block` where the chips (`○1`), `explain -v` (`○ nothing to fix, the
+    model's own term`), the footer and `--json` (no gap layer, no gap refusal) call it the model's own term, as
+    bart-full's line does."""
+    path = next(p for p in HANDED if p.stem == "n3-09-cross-attention")
+    code, text, j, trace = _explain(capsys, monkeypatch, path)
+    assert j["gap_layers"] == 0 and not j["layers"][0]["gap_refusals"], j["layers"][0]
+    want = "fuse_attention_block ran before and said no here: self_attention (the model's own term): "
+    assert want in text and "cross-attention block)" not in text.split("said no here", 1)[1], text
+    s = AppState(runner=Runner(background=False), source="ir", ir_text=path.read_text())
+    why = _plain(s.why_layer(0))
+    assert want in why and _check_said_no_here(why, s.advised_trace()) >= 1, why  # its line and -v
+    assert "said no here: self_attention (a gap" not in why
+
+
+def test_a_gap_said_of_the_models_own_term_fails_the_check():
+    """The check can fail: a clause calling n3-09's `self_attention` (○ the model's own term) a gap is caught."""
+    trace = _run(next(p for p in HANDED if p.stem == "n3-09-cross-attention"))
+    ok = "fuse_attention_block ran before and said no here: self_attention (the model's own term): Q"
+    assert _check_said_no_here(ok, trace) == 1
+    with pytest.raises(AssertionError):
+        _check_said_no_here(ok.replace("the model's own term", "a gap in rlxviz's ops: cross-attention block"), trace)

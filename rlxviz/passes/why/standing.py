@@ -43,13 +43,10 @@ def standing(trace: Trace, r: Rejection) -> tuple[str, str] | None:
 
     A further failing guard of a candidate (`Rejection.headline` False) stands as its candidate's headline does:
     pass the headline (`places` does)."""
-    facts = RunFacts.of(trace)
     layer = r.layer
-    arch = _judged_as(facts, layer)
-    mine = _own_fixes(facts, r)
-    ex = excuse(arch, r.pass_name, r.guard, r.kind, r.remedy, mine)
+    arch, ex, gaps = _excused(trace, r)
     if ex is not None and ex[0] == NOT_EXPECTED_HERE and arch is not None:
-        group = OP_GAP_GROUP if op_gaps(arch, r.pass_name, r.guard, mine) else NOT_EXPECTED_HERE
+        group = OP_GAP_GROUP if gaps else NOT_EXPECTED_HERE
         return group, with_caveat(ex[1], line_caveats(trace, r.rule, r.anchor, r.guard, arch))
     if ex is not None or layer is None or arch is None:
         return ex
@@ -65,24 +62,35 @@ def unexpected_fix(trace: Trace, r: Rejection) -> str:
     change in the model or in rlxviz: this layer's kind does not expect the fusion (not expected here):
     FusedTransformerLayer is the post-LN BERT layer; this layer is a decoder layer ...`; "" for any other refusal.
     Reads the excuse alone, never the layer's verdict (`report.in_context` asks this while the verdict is made)."""
-    facts = RunFacts.of(trace)
-    arch = _judged_as(facts, r.layer)
-    if arch is None:
-        return ""
-    mine = _own_fixes(facts, r)
-    ex = excuse(arch, r.pass_name, r.guard, r.kind, r.remedy, mine)
-    if ex is None or ex[0] != NOT_EXPECTED_HERE or op_gaps(arch, r.pass_name, r.guard, mine):
+    arch, ex, gaps = _excused(trace, r)
+    if arch is None or ex is None or ex[0] != NOT_EXPECTED_HERE or gaps:
         return ""
     return not_expected_fix(ex[1])
 
 
 def place_gaps(trace: Trace, r: Rejection) -> list[str]:
     """The op forms rlxviz lacks that the refusal `r` of `trace` ran into (`policy.op_gaps` in the kind its layer is
-    judged as, as `standing` reads it): what a place of `OP_GAP_GROUP` lacks, e.g. `FusedAttentionBlock with QK-norm`;
-    [] for any other refusal."""
+    judged as, as `standing` reads it, `_excused`): what a place of `OP_GAP_GROUP` lacks, e.g. `FusedAttentionBlock
+    with QK-norm`; [] for any other refusal, one of the model's own term too whatever compiler fix it names (n3-09's
+    cross-attention `self_attention`: what the Why tab's "said no here" line reads, `report._what_ran`)."""
+    return _excused(trace, r)[2]
+
+
+def _excused(trace: Trace, r: Rejection) -> tuple[Architecture | None, tuple[str, str] | None, list[str]]:
+    """`(kind, excuse, gaps)` of the refusal `r` of `trace`: the kind its layer is judged as (`_judged_as`), its
+    `policy.excuse` there, and the op forms rlxviz lacks at it (`policy.op_gaps`) only where that excuse is
+    `NOT_EXPECTED_HERE`: a refusal of a kind that is no near-miss (the model's own term, a lookalike, a merge that
+    does not pay) stands in its kind's group whatever compiler fix it names (a cross-attention's `self_attention`:
+    `a cross-attention block`), so no view may call it a gap. The one reading of a refusal's standing and its gaps
+    for `standing`, `unexpected_fix`, `place_gaps` and `place_gap_names` (the Why tab's "said no here" line read
+    `op_gaps` alone and called the cross-attention refusal a gap the chips, `-v` and `--json` do not)."""
     facts = RunFacts.of(trace)
     arch = _judged_as(facts, r.layer)
-    return op_gaps(arch, r.pass_name, r.guard, _own_fixes(facts, r)) if arch is not None else []
+    mine = _own_fixes(facts, r)
+    ex = excuse(arch, r.pass_name, r.guard, r.kind, r.remedy, mine)
+    gaps = (op_gaps(arch, r.pass_name, r.guard, mine)
+            if ex is not None and ex[0] == NOT_EXPECTED_HERE and arch is not None else [])
+    return arch, ex, gaps
 
 
 def place_gap_names(trace: Trace, refusals: list[Rejection]) -> list[tuple[str, str]]:
@@ -115,8 +123,8 @@ def _head(refusals: list[Rejection]) -> Rejection | None:
 def _gap_names(trace: Trace, r: Rejection) -> list[tuple[str, str]]:
     """`policy.gap_names` of the refusal `r` alone, in the kind its layer is judged as."""
     facts = RunFacts.of(trace)
-    arch = _judged_as(facts, r.layer)
-    return gap_names(arch, r.pass_name, r.guard, _own_fixes(facts, r)) if arch is not None else []
+    arch, _, gaps = _excused(trace, r)
+    return gap_names(arch, r.pass_name, r.guard, _own_fixes(facts, r)) if arch is not None and gaps else []
 
 
 def gap_followers(trace: Trace, refusals: list[Rejection]) -> dict[str, str]:
