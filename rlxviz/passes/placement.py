@@ -8,9 +8,12 @@ graph optimizer named the nodes (ONNX Runtime's `SkipLayerNormalization` before 
 `layers.1.mlp.fc2`). The rule places it by the layer kind, on the model's structure, not on names:
 
 * post-norm (the norm closes its layer: BERT's `h1 = LN(attn(x) + x)`, and a post-norm layer of any other kind,
-  BART's and Marian's decoder layers: `LayerArchitecture.post_norm`): the layer of the residual sum it normalizes;
-  a sum in no layer (the embeddings' norm) is outside the layers. By its readers, a post-norm layer's last norm would
-  move to the next layer and the embeddings' norm into layer 0 (bart-full's decoder, before);
+  BART's and Marian's decoder layers: `LayerArchitecture.post_norm`): the layer of the residual sum it normalizes,
+  the layer of the sum's sublayer output (`closed_layer`: its operand other than the skip), else of the sum's own
+  path, which may be its skip's (ONNX Runtime named albert.ortopt's layer-0 attention sum after the projection
+  before the layers, and its norm was said the `final norm`); a sum in no layer (the embeddings' norm) is outside
+  the layers. By its readers, a post-norm layer's last norm would move to the next layer and the embeddings' norm
+  into layer 0 (bart-full's decoder, before);
 * any other kind (pre-LN, parallel: the norm opens the sublayer that reads it): the layer of the norm's readers;
   none in a layer (the model's final norm, read by a pooler or the graph's output) is outside the layers.
 
@@ -32,6 +35,8 @@ never changes while the node stays the same (`placed`).
 """
 
 from __future__ import annotations
+
+from collections import deque
 
 from ..ir import Graph, Node, Op
 from ..ir.identity import DigestCache
@@ -66,6 +71,42 @@ def shared(g: Graph, node: int) -> bool:
     return len({k for u in g.users(node) if (k := layer_of(u.path)) is not None}) > 1
 
 
+def skip_operand(g: Graph, s: int) -> int | None:
+    """The skip operand of residual sum node `s` of `g` (`x + sublayer(x)`): of its two operands, the one the other
+    reads, directly or through others (the sublayer's input); None where neither reads the other (the embeddings'
+    sum of a gather and a table) or `s` has not two operands. Both operands' inputs are walked breadth first, in
+    turn, so the walk stops near the sum when one operand is the other's input, as in a residual."""
+    ops = [i for i in dict.fromkeys(g[s].inputs) if i in g]
+    if len(ops) != 2:
+        return None
+    walks = [(ops[1], deque(g[ops[0]].inputs), set()), (ops[0], deque(g[ops[1]].inputs), set())]
+    while any(todo for _, todo, _ in walks):
+        for target, todo, seen in walks:
+            if not todo:
+                continue
+            i = todo.popleft()
+            if i == target:
+                return target
+            if i not in seen and i in g:
+                seen.add(i)
+                todo.extend(g[i].inputs)
+    return None
+
+
+def closed_layer(g: Graph, s: int) -> Layer | None:
+    """The layer whose residual sum node `s` of `g` is: the layer of its other operand than the skip (the sublayer's
+    output, `skip_operand`) where that names one, else the sum's own path's. An exporter or graph optimizer may name
+    the sum after its skip: ALBERT's (ONNX Runtime's) layer-0 attention sum %55 reads `embedding_hidden_mapping_in`,
+    the projection before the shared layer, while the attention it closes is layer 0's; by its path its norm was
+    the model's `final norm` and layer 0 listed one residual norm to layer 1's two."""
+    k = skip_operand(g, s)
+    if k is not None:
+        other = next(i for i in g[s].inputs if i != k)
+        if (layer := layer_of(g[other].path)) is not None:
+            return layer
+    return layer_of(g[s].path)
+
+
 def match_layer(source: Graph, before: Graph, after: Graph, m: Match) -> Layer | None:
     """The layer `m` is credited to (None: outside the layers).
 
@@ -86,7 +127,7 @@ def match_layer(source: Graph, before: Graph, after: Graph, m: Match) -> Layer |
     s = m.bindings.get("sum")
     if s is None or s not in before:
         return m.layer
-    closes = layer_of(before[s].path)  # the layer whose residual sum it normalizes
+    closes = closed_layer(before, s)  # the layer whose residual sum it normalizes
     opens = sorted({k for u in after.users(m.fused) if (k := layer_of(u.path)) is not None})  # whose sublayer reads
     kind_of = closes if closes is not None else (opens[0] if opens else None)
     if kind_of is None:
@@ -215,4 +256,5 @@ def outside_box(trace: Trace, node: int) -> str:
 
 
 __all__ = ["EMBEDDINGS_BOX", "FINAL_NORM_BOX", "NO_PATH_BOX", "RESIDUAL_NORMS", "RESIDUAL_NORM_RULE", "SHARED_RULE",
-           "match_layer", "outside_box", "path_box", "placed", "shared", "sits"]
+           "closed_layer", "match_layer", "outside_box", "path_box", "placed", "shared", "sits",
+           "skip_operand"]
