@@ -14,7 +14,7 @@ from rlxviz.app.jobs import Runner
 from rlxviz.app.state import AppState
 from rlxviz.passes import CANONICAL_ORDER
 from rlxviz.passes.trace import place_label
-from rlxviz.session import build_pipeline
+from rlxviz.session import build_pipeline, version_index
 
 
 @pytest.fixture(scope="module")
@@ -68,3 +68,21 @@ def test_a_pathless_place_is_named_by_its_node_as_explain_names_it(capsys):
         assert item == f"%{at}" or item.startswith(f"%{at}: "), item
     assert not [item for item, _ in items if item == "-" or item.startswith("-:")], items
     assert place_label(17, "", with_node=True) == "%17 (-)" and place_label(17, "") == "%17"
+
+
+def test_a_later_run_of_a_pass_is_named_as_after_takes_it(tmp_path, capsys):
+    """The final version of the canonical run is dead_code_elimination's second, no-op run: `rlxviz render` said
+    "after dead_code_elimination: 27 ops" and titled the picture so, the first run's name (the app's list said the
+    same for both). Both now name it `dead_code_elimination#2`, as `--after` takes it (`Trace.step_names`)."""
+    for view in ("full", "layers"):
+        code, _, err = run(capsys, "render", "bert-tiny", "--seq", 8, "--view", view, "-o", tmp_path / "a.svg")
+        assert code == 0 and ": after dead_code_elimination#2: " in err, err
+        assert "after dead_code_elimination#2, in the graph" in (tmp_path / "a.svg").read_text()
+    code, _, err = run(capsys, "render", "bert-tiny", "--seq", 8, "--after", "dead_code_elimination#2", "--before",
+                       "-o", tmp_path / "b.svg")
+    assert code == 0 and "before dead_code_elimination#2, in the graph" in (tmp_path / "b.svg").read_text()
+    s = AppState(runner=Runner(background=False), preset="bert-tiny", hide_unchanged=False)
+    labels = s.version_labels
+    assert labels.count("after dead_code_elimination") == 1 and labels[-1] == "after dead_code_elimination#2"
+    k = version_index(s.trace, "dead_code_elimination#2")
+    assert s.trace.versions()[k][0] == labels[-1]

@@ -69,3 +69,24 @@ def test_a_load_that_fails_after_the_layout_check_leaves_the_raised_sequence_and
     assert s.message_kind == "danger" and f"Still showing {model.name}" in s.message, s.message
     assert s.model is model and s.variant == "over_threshold" and s.seq == seq == mc.seq.value > 8
     assert s.stale == ""
+
+
+@pytest.mark.parametrize("command", ["explain", "render", "ir"])
+def test_the_cli_says_what_the_app_says_for_a_truncated_file(tmp_path, capsys, command):
+    """The app said `ends inside field 7 (graph): the file has 20,000 bytes, the field needs ...; truncated?` where
+    the CLI said only `not a readable ONNX model (DecodeError: ... Wire format was corrupt)`: both now read the
+    file's layout with `models.onnx.layout.onnx_layout_error`, one line, exit 2."""
+    from clirun import one_line_error, run
+
+    cut = _data()[:20000]
+    path = tmp_path / "deit.onnx"
+    path.write_bytes(cut)
+    with pytest.raises(SourceError) as app:
+        check_upload({"deit.onnx": cut})
+    why = str(app.value).partition("(")[2].rpartition(")")[0]
+    assert why.startswith("ends inside field 7 (graph): the file has 20,000 bytes"), why
+    extra = ["-o", tmp_path / "a.svg"] if command == "render" else []
+    code, _, err = run(capsys, command, path, *extra)
+    assert code == 2, err
+    one_line_error(err, command, f"{path}: not a readable ONNX model ({why})")
+    assert "DecodeError" not in err

@@ -58,13 +58,13 @@ def test_a_focused_drawings_caption_counts_its_layers_places_and_says_so(path):
     counted = 0
     for k, step in enumerate(t.steps):
         _, whole, _ = picture(t, View(k + 1, "full", "before"))
-        assert whole.title.startswith(f"before {step.pass_name}, in the graph: "), whole.title
+        assert whole.title.startswith(f"before {t.step_name(step)}, in the graph: "), whole.title
         assert _said(whole.title) == _gap_places(t, k, None), whole.title
         for layer in layer_indices(t.input):
             if not any(n.path and f".{layer}" in n.path for n in step.before):
                 continue
             _, ov, _ = picture(t, View(k + 1, "full", "before", layer))
-            assert ov.title.startswith(f"before {step.pass_name}, in this layer: "), ov.title
+            assert ov.title.startswith(f"before {t.step_name(step)}, in this layer: "), ov.title
             assert _said(ov.title) == _gap_places(t, k, layer), (layer, ov.title)
             counted += _said(ov.title)
     assert counted  # each case has places at a gap in some layer
@@ -151,11 +151,11 @@ def test_a_focused_after_panes_title_counts_the_layers_changes(path):
     t = _trace(path)
     for k, step in enumerate(t.steps):
         _, whole, _ = picture(t, View(k + 1, "full", "after"))
-        assert whole.title.startswith(f"after {step.pass_name}, in the graph: "), whole.title
+        assert whole.title.startswith(f"after {t.step_name(step)}, in the graph: "), whole.title
         _, ov, _ = picture(t, View(k + 1, "full", "after", 1))
         ops = [i for i in step.removed if step.before[i].path and layer_of(step.before[i].path) == 1
                and step.before[i].op.value not in ("param", "const", "input")]
-        assert ov.title.startswith(f"after {step.pass_name}, in this layer: "), ov.title
+        assert ov.title.startswith(f"after {t.step_name(step)}, in this layer: "), ov.title
         assert f", {len(ops)} removed" in ov.title, (ov.title, ops)
 
 
@@ -178,4 +178,4 @@ def test_a_fused_layers_why_drawing_counts_its_own_changes():
     for layer in layer_indices(t.input):
         assert layer_status(t, layer).status == "fused" and why_step(t, layer) is None
         _, ov, _ = picture(t, View(len(t.steps), "full", "why", layer))
-        assert ov.title.startswith(f"after {t.steps[-1].pass_name}, in this layer: "), ov.title
+        assert ov.title.startswith(f"after {t.step_names()[-1]}, in this layer: "), ov.title

@@ -5,6 +5,7 @@ ONNX Runtime's numbers on the reference and on MLX. Control flow, random and str
 
 from __future__ import annotations
 
+import base64
 from pathlib import Path
 
 import numpy as np
@@ -245,3 +246,28 @@ def test_two_host_nodes_of_the_same_onnx_node_on_different_arrays_each_run(tmp_p
     np.testing.assert_allclose(run_reference(m.graph, {"x": X}, m.weights)[0], _ort(p, {"x": X}), rtol=1e-6,
                                atol=1e-6)
     assert calls == ["TopK", "TopK"]
+
+
+WHISPER = Path(__file__).parent / "fixtures" / "onnx" / "ortopt" / "whisper-encoder.ortopt.onnx"
+"""Whisper's encoder after ONNX Runtime's optimizer: its Conv nodes are `onnx_op` host nodes."""
+
+
+def test_a_host_node_is_drawn_and_inspected_by_its_onnx_op_and_name_never_its_blob(tmp_path):
+    """A drawing labelled a host node `op_type=Conv node=Cg5pbnB1dF9mZWF0dXJlcwoSbW9kZ…` and its tooltip and the
+    inspector printed the whole base64 of the serialized node: the label names the ONNX op and node
+    (`Conv node_conv1d`), the tooltip and the inspector name the blob by its size."""
+    from rlxviz.app.explain import node_report, report_markdown
+    from rlxviz.viz import graph_to_dot
+
+    m = load_onnx(WHISPER)
+    host = [n for n in m.graph if n.op == Op.ONNX_OP]
+    assert host and all(len(n.attrs["node"]) > 100 for n in host)
+    dot = graph_to_dot(m.graph)
+    for n in host:
+        label = f">{n.attrs['op_type']} {n.attrs['name']}<"
+        assert label in dot, label
+        assert n.attrs["node"][:24] not in dot  # not in the label, not in the tooltip
+        text = report_markdown(node_report(m.graph, n.id))
+        size = len(base64.b64decode(n.attrs["node"]))
+        assert n.attrs["node"][:24] not in text and f"ONNX node, {size:,} bytes" in text, text
+    assert "Conv node_conv1d" in dot

@@ -234,7 +234,7 @@ class Derived:
         if cur is None or prev is None or cur is prev:
             return ""
         step = self.current_step
-        name = step.pass_name if step is not None else "input"
+        name = self.trace.step_name(step) if step is not None and self.trace is not None else "input"
         return "".join(difflib.unified_diff(format_graph(prev).splitlines(True), format_graph(cur).splitlines(True),
                                             f"before {name}", f"after {name}", n=1))
 

@@ -76,6 +76,7 @@ def decision_rows(trace: Trace | None) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     if trace is None:
         return rows
+    names = trace.step_names()  # a later run as its version is named (`fuse_sdpa#2`): a click finds that version
     for k, s in enumerate(trace.steps):
         for m in s.matches:
             nodes = sorted({m.anchor, *m.bindings.values(), *([m.fused] if m.fused is not None else [])})
@@ -88,7 +89,7 @@ def decision_rows(trace: Trace | None) -> list[dict[str, Any]]:
             made = "rewritten" if fused is None else f"{made_as(fused.op)} {fused.op.value} %{fused.id}"
             # the layer the verdict credits it to (`placement.match_layer`: a final norm's row names no layer)
             layer = match_layer(trace.input, s.before, s.after, m)
-            rows.append({"kind": "fused", "step": k, "pass": s.pass_name, "rule": m.rule, "layer": layer,
+            rows.append({"kind": "fused", "step": k, "pass": names[k], "rule": m.rule, "layer": layer,
                          "stage": "", "guard": "all passed" if not left else
                          "passed; left out by " + ", ".join(dict.fromkeys(r.guard for r in left)),
                          "why": "", "fix": "", "anchor": m.anchor,
@@ -105,7 +106,7 @@ def decision_rows(trace: Trace | None) -> list[dict[str, Any]]:
             why = why if r.headline else f"also: {why}" if why else "also"
             message = in_context(trace, k, r)[0]  # as `explain` words it: a "run P first" whose P ran says so
             hint = fix_line(trace, k, r)  # the fix, never a copy of the message
-            rows.append({"kind": kind, "step": k, "pass": s.pass_name, "rule": r.rule,
+            rows.append({"kind": kind, "step": k, "pass": names[k], "rule": r.rule,
                          "layer": r.layer, "stage": r.stage, "guard": r.guard, "why": why, "fix": r.fix,
                          "anchor": r.anchor, "message": message, "hint": hint, "path": r.path, "nodes": nodes})
     key = reading_order(trace)

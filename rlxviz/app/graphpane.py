@@ -46,7 +46,7 @@ import param
 from panel.custom import JSComponent
 
 from ..ir import Graph
-from ..ir.printer import format_value
+from ..ir.printer import shown_attrs
 from ..passes.made import is_copy, made_in_run, remade_in_run, replaced
 from ..passes.placement import placed
 from ..passes.trace import Trace, layer_keys, layer_label, layer_of
@@ -262,7 +262,7 @@ def folded_index(graph: Graph, open_layers: list[int], trace: Trace | None = Non
         if group.layer is not None and group.layer in open_layers:
             continue
         out[key] = [[n.id, (f"{n.op.value} -> {n.dtype}{list(n.shape)}\npath: {n.path}\nattrs: "
-                            + ", ".join(f"{k}={format_value(v)}" for k, v in n.attrs.items())
+                            + shown_attrs(n)
                             + ("\nabsorbed ops: " + " ".join(str(e[0]) for e in held[f"n{n.id}"])
                                if f"n{n.id}" in held else "")).lower()]
                     for n in group.nodes]

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..ir.printer import format_value
+from ..ir.printer import shown_line, shown_value
 from ..passes.refusal_kinds import kind_words
 from ..passes.why.places import LEFT_OUT_STATUS
 from ..passes.why.places import REJECTED as NEAR_MISS
@@ -66,8 +66,10 @@ def report_markdown(rep: dict[str, Any]) -> str:
                          f"**{md_escape(v['guard'])}**{fix}{comp}")
         else:
             lines.append(f"**{label}: NOT fused**")
-    if rep["attrs"]:  # each value as the IR text and `rlxviz explain` print it (`none`, `"gelu"`, `true`)
-        lines.append("**attributes** " + ", ".join(md_code(f"{k}={format_value(v)}") for k, v in rep["attrs"].items()))
+    if rep["attrs"]:  # each value as the IR text and `rlxviz explain` print it (`none`, `"gelu"`, `true`), an
+        # `onnx_op`'s serialized node by its size (`shown_value`), never the whole base64
+        lines.append("**attributes** " + ", ".join(md_code(f"{k}={shown_value(rep['op'], k, v)}")
+                                                   for k, v in rep["attrs"].items()))
     if rep["is_output"]:
         lines.append("**graph output**")
     if rep["operands"]:
@@ -82,7 +84,7 @@ def report_markdown(rep: dict[str, Any]) -> str:
         lines += decisions_markdown(rep["decisions"])
     else:
         lines.append("*No pattern was anchored on or bound to this node.*")
-    lines.append(md_pre(rep["ir"]))
+    lines.append(md_pre(shown_line(rep["ir"], rep["op"], rep["attrs"])))  # an onnx_op's node by its size
     if note := record_note(rep):
         lines.append(note)
     return "\n\n".join(lines)

@@ -469,11 +469,11 @@ class NodeInspector(Viewer):
                 if step is not None and s.previous_graph is not None and s.current_graph is not None:
                     # under the node's heading: which version it is read in, and its counterpart in the other
                     where = "before" if g is s.previous_graph else "after"
-                    line = counterpart_line(s.previous_graph, s.current_graph, s.selected_node, step.pass_name,
-                                            s.trace)
+                    name = s.trace.step_name(step) if s.trace is not None else step.pass_name  # `NAME#2`
+                    line = counterpart_line(s.previous_graph, s.current_graph, s.selected_node, name, s.trace)
                     head, _, rest = text.partition("\n\n")
                     line, rest = made_once(line, rest, rep, step.pass_name)  # which pass made it, said once
-                    under = [f"*As the {where} {step.pass_name} version has it.*", *([line] if line else [])]
+                    under = [f"*As the {where} {name} version has it.*", *([line] if line else [])]
                     text = "\n\n".join([head, *under, rest])
                 return text
         return f"*Node %{s.selected_node} is not in this version.*"

@@ -134,7 +134,7 @@ class DecisionTable(Viewer):
             self.about.object = (f"**The whole run** ({rows} rows): the selected version is the input graph, which no "
                                  f"pass made. {ORDER_NOTE}")
         else:
-            label = md_escape(f"after {s.trace.steps[k].pass_name}")
+            label = md_escape(f"after {s.trace.step_names()[k]}")
             self.about.object = f"**{label} only:** its pass's matches and rejections ({rows} rows). {ORDER_NOTE}"
 
     def _frame(self) -> pd.DataFrame:

@@ -53,6 +53,37 @@ def format_value(v: Any) -> str:
     raise TypeError(f"[format_value] unsupported attribute value {v!r}")
 
 
+BLOB_ATTRS: dict[str, frozenset[str]] = {"onnx_op": frozenset({"node"})}
+"""Op name -> its attributes that hold serialized bytes as base64 text (`onnx_op`'s `node`: the whole ONNX
+NodeProto, `ir.onnx_op.encode`). The IR text prints them whole (it must parse back); the views say their size."""
+
+
+def shown_value(op: str, key: str, v: Any) -> str:
+    """Attribute `key` of an `op` node (`Op.value`) as the views show it (the inspector, a drawing's tooltip, the
+    layer view's search text): `format_value`'s text, except a blob attribute (`BLOB_ATTRS`), which is named by its
+    size (`<ONNX node, 412 bytes>`): whisper's `onnx_op` Conv showed ~400 characters of base64 there, which says
+    nothing a reader can use (its `op_type` and `name` say what it is)."""
+    if key in BLOB_ATTRS.get(op, ()) and isinstance(v, str):
+        pad = len(v) - len(v.rstrip("="))
+        return f"<ONNX node, {len(v) * 3 // 4 - pad:,} bytes>"
+    return format_value(v)
+
+
+def shown_attrs(node: Node) -> str:
+    """Every attribute of `node` as `key=value` joined by `, `, each value as `shown_value` shows it."""
+    return ", ".join(f"{k}={shown_value(node.op.value, k, v)}" for k, v in node.attrs.items())
+
+
+def shown_line(line: str, op: str, attrs: dict[str, Any]) -> str:
+    """An IR line (`format_node`) of an `op` node with `attrs` as the inspector shows it: each blob attribute's text
+    as `shown_value` says it (the line no longer parses back; `rlxviz ir` prints the whole line)."""
+    for k in BLOB_ATTRS.get(op, ()):
+        v = attrs.get(k)
+        if isinstance(v, str):
+            line = line.replace(f"{k}={format_value(v)}", f"{k}={shown_value(op, k, v)}")
+    return line
+
+
 def format_type(node: Node) -> str:
     return f"{node.dtype}[{', '.join(map(str, node.shape))}]"
 

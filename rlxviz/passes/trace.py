@@ -302,9 +302,21 @@ read as a rule name (`fuse_sdpa.rope_heads`); the slash is no identifier charact
 names a stage, and `NAME#K` (the K-th run) still parses."""
 
 
+RUN_SEP = "#"
+"""Between a step's name and its run number in a version's name: `dead_code_elimination#2`, the second run, as
+`--after NAME#K` takes it (`session.pipeline.version_index`); a first run keeps the bare name."""
+
+
 def family_of(step_name: str) -> str:
-    """The pass a step belongs to: `fuse_sdpa` for its stage `fuse_sdpa/rope_heads` and for itself."""
-    return step_name.partition(STAGE_SEP)[0]
+    """The pass a step belongs to: `fuse_sdpa` for its stage `fuse_sdpa/rope_heads`, for itself and for a later run
+    of it (`fuse_sdpa#2`)."""
+    return step_name.partition(RUN_SEP)[0].partition(STAGE_SEP)[0]
+
+
+def run_name(step_name: str, run: int) -> str:
+    """The name of the `run`-th (1-based) run of `step_name`: the bare name for the first, `NAME#K` after it (the
+    form `--after` takes)."""
+    return step_name if run <= 1 else f"{step_name}{RUN_SEP}{run}"
 
 
 @dataclass
@@ -441,8 +453,27 @@ class Trace:
         return self.steps[-1].after if self.steps else self.input
 
     def versions(self) -> list[tuple[str, Graph]]:
-        """`[("input", g0), ("after fuse_sdpa", g1), ...]`: every graph version in order."""
-        return [("input", self.input)] + [(f"after {s.pass_name}", s.after) for s in self.steps]
+        """`[("input", g0), ("after fuse_sdpa", g1), ...]`: every graph version in order, a pass's later run named
+        as `--after` takes it (`after dead_code_elimination#2`, `step_name`)."""
+        names = self.step_names()
+        return [("input", self.input)] + [(f"after {n}", s.after) for n, s in zip(names, self.steps, strict=True)]
+
+    def step_names(self) -> list[str]:
+        """The name of each step as the CLI and the app name its version: `pass_name` for a pass's first run,
+        `NAME#K` for its K-th (`run_name`; `session.pipeline.version_index` reads it back). One name for both: the
+        CLI said `after dead_code_elimination` for the second, no-op run, which the app's list names the same way
+        as the first run that removed a node."""
+        seen: dict[str, int] = {}
+        out = []
+        for s in self.steps:
+            seen[s.pass_name] = seen.get(s.pass_name, 0) + 1
+            out.append(run_name(s.pass_name, seen[s.pass_name]))
+        return out
+
+    def step_name(self, step: PassStep) -> str:
+        """`step_names`' name of `step` (by identity); its bare `pass_name` when it is no step of this trace."""
+        k = self.index_of(step)
+        return step.pass_name if k is None else self.step_names()[k]
 
     @property
     def matches(self) -> list[Match]:

@@ -24,7 +24,7 @@ import numpy as np
 
 from ..ir import Graph, Op
 from ..passes import Trace
-from ..passes.trace import family_of
+from ..passes.trace import RUN_SEP, family_of
 from ..runtime import run_reference
 from ..runtime.battery import InputSet, battery, mask_form, mask_inputs
 from ..runtime.compare import attribute_changes, baselines, check_version, close
@@ -240,7 +240,7 @@ def check_exactness(trace: Trace, feeds: Mapping[str, np.ndarray], weights: Mapp
         return ExactnessCheck(names, (), None, skipped=str(e).strip("'\""), claimed=claimed)
     macs = run_macs(trace.input)
     per = macs * len(sets)
-    chosen = [v for v in distinct if v[0].removeprefix("after ") in claimed or v is distinct[-1]]
+    chosen = [v for v in distinct if v[0].removeprefix("after ").partition(RUN_SEP)[0] in claimed or v is distinct[-1]]
     if per * (len(distinct) + 1) <= budget_macs:
         first = distinct
     elif per * (len(chosen) + 1) <= budget_macs:

@@ -91,7 +91,7 @@ def _why(trace: Trace, layer: int | None, i: int) -> tuple[Graph, Overlay | None
     if step is None:
         return trace.input, None
     ov = Overlay.after(step, trace)
-    return step.after, replace(ov, title=layer_changes(step, layer)) if layer is not None else ov
+    return step.after, replace(ov, title=layer_changes(step, layer, trace)) if layer is not None else ov
 
 
 def layer_caption(ov: Overlay, trace: Trace, step: PassStep, layer: int) -> Overlay:
@@ -101,13 +101,15 @@ def layer_caption(ov: Overlay, trace: Trace, step: PassStep, layer: int) -> Over
     return replace(ov, title=before_caption(step, trace, layer)) if ov.title.startswith("before ") else ov
 
 
-def layer_changes(step: PassStep, layer: int) -> str:
+def layer_changes(step: PassStep, layer: int, trace: Trace | None = None) -> str:
     """The after pane's title for `layer` drawn alone: what `step` added and removed in that layer
     (`viz.overlay.change_words` of the nodes whose path names it), saying so (`after P, in this layer: ...`), where the
-    whole graph's counts read as the layer's."""
+    whole graph's counts read as the layer's; P named as `trace` names the step (`Trace.step_name`: `NAME#2` for a
+    later run)."""
     added = [i for i in step.added if layer_of(step.after[i].path) == layer]
     removed = [i for i in step.removed if layer_of(step.before[i].path) == layer]
-    return f"after {step.pass_name}, in this layer: {change_words(step.before, step.after, added, removed)}"
+    name = trace.step_name(step) if trace is not None else step.pass_name
+    return f"after {name}, in this layer: {change_words(step.before, step.after, added, removed)}"
 
 
 def _gap_title(trace: Trace, v: LayerVerdict, gap: OpGap, k: int, ov: Overlay) -> str:
@@ -133,7 +135,7 @@ def _gap_title(trace: Trace, v: LayerVerdict, gap: OpGap, k: int, ov: Overlay) -
             continue
         at_k = next((j for j in range(k, len(trace.steps)) if _refuses(trace.steps[j], g)), None)
         scope = ("in this drawing" if at_k == k else "elsewhere in the run (not drawn)" if at_k is None else
-                 f"in {trace.steps[at_k].pass_name}, a later pass (not drawn)")
+                 f"in {trace.step_names()[at_k]}, a later pass (not drawn)")
         also.append(f"also {GAP_MARK} {scope}: {g}")
     caveat = ov.caveats.get((gap.rule, at), "") if at is not None else ""  # the text's: esm's qkv_packed next
     return "; ".join([f"{v.status}: {GAP_MARK} {gap.rule}{where}: {words}", *([caveat] if caveat else []), *also,
@@ -301,7 +303,7 @@ def picture(source: Trace | Graph, v: View, heat: Heat = ()) -> tuple[Graph, Ove
             ov = layer_caption(ov, trace, step, v.focus) if v.focus is not None else ov
         else:
             g, ov = step.after, Overlay.after(step, trace)
-            ov = replace(ov, title=layer_changes(step, v.focus)) if v.focus is not None else ov
+            ov = replace(ov, title=layer_changes(step, v.focus, trace)) if v.focus is not None else ov
             if v.view == "layers":  # its boxes say what the pass that made it found, as its before pane does
                 kw_refusals = Overlay.before(step).worded_by(trace, step)
     kw: dict[str, Any] = {"view": v.view}

@@ -144,7 +144,7 @@ def _model_roofline(trace: Trace, device: str) -> list[VersionRoofline]:
     flops, base = graph_flops(trace.input), program_bytes(trace.input)
     rows = [VersionRoofline(0, "input", flops, base, base)]
     executed = ideal = base
-    for k, step in enumerate(trace.steps, 1):
+    for k, (step, name) in enumerate(zip(trace.steps, trace.step_names(), strict=True), 1):
         if step.matches and not step.error:
             saved = executed_traffic_saved(step, device)
             reads, _ = shared_input_saved(step)
@@ -152,7 +152,7 @@ def _model_roofline(trace: Trace, device: str) -> list[VersionRoofline]:
             ideal -= saved.ideal.total + reads
         if step.after is not step.before:
             flops = graph_flops(step.after)
-        rows.append(VersionRoofline(k, f"after {step.pass_name}", flops, executed, ideal))
+        rows.append(VersionRoofline(k, f"after {name}", flops, executed, ideal))
     return rows
 
 

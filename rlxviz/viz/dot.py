@@ -25,7 +25,7 @@ import graphviz
 
 from ..ir import Graph, Node, Op, operand_roles
 from ..ir.ops import FUSED
-from ..ir.printer import format_value
+from ..ir.printer import shown_attrs
 from ..ir.text import shown
 from ..passes.made import holders, replaced, where_now
 from ..passes.placement import path_box
@@ -400,8 +400,8 @@ class _Drawer:
         ops = ", ".join(f"{r}=%{j} {self.nodes[j].op.value}" if j in self.nodes else f"{r}=%{j}"
                         for r, j in zip(roles, n.inputs, strict=False))
         parts = [f"%{n.id} {n.op.value} -> {fmt_shape(n)}", f"path: {n.path or '-'}"]
-        if n.attrs:  # each value as the IR text prints it (`none`, `"gelu"`, `true`)
-            parts.append("attrs: " + ", ".join(f"{k}={format_value(v)}" for k, v in n.attrs.items()))
+        if n.attrs:  # each value as the IR text prints it (`none`, `"gelu"`, `true`), a blob by its size
+            parts.append("attrs: " + shown_attrs(n))
         # the names messages give the node (the app's search matches this line), drawn as tags or not (`names`)
         named = [f"{r} {whose}" if whose else r for r, _, whose in self._roles_of(n.id)] + [
             _role_name(rule, role) for rule, role in self.ov.names.get(n.id, ())]

@@ -102,7 +102,7 @@ def before_caption(step: PassStep, trace: Trace | None = None, layer: int | None
     anchors = {a for _, a in mine}
     scope = "in the graph" if layer is None else "in this layer"
     matches = sum(1 for m in step.matches if layer is None or m.layer == layer)
-    head = f"before {step.pass_name}, {scope}: {matches} match(es)"
+    head = f"before {trace.step_name(step) if trace is not None else step.pass_name}, {scope}: {matches} match(es)"
     k = trace.index_of(step) if trace is not None else None
     if trace is not None and k is not None:
         from ..passes.why.places import places  # the verdict reads the pipeline; the overlay is drawn without it
@@ -365,7 +365,7 @@ class Overlay:
         """The fused nodes of `step` (and any other added node) marked on `step.after`."""
         fused = tuple(m for m in step.matches if m.fused is not None and m.fused in step.after)
         changes = change_words(step.before, step.after, step.added, step.removed)
-        title = f"after {step.pass_name}, in the graph: {changes}"
+        title = f"after {trace.step_name(step) if trace is not None else step.pass_name}, in the graph: {changes}"
         return cls(title=title, fused=fused, added=frozenset(step.added),
                    origin=all_versions(trace) if trace is not None else step.before, names=bound_names(step),
                    made=made_in_run(trace) if trace is not None else made_beside(step))

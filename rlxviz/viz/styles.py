@@ -297,7 +297,14 @@ def _fmt_value(v: Any) -> str:
 
 
 def fmt_attrs(node: Node, limit: int = 48) -> str:
-    """Key attributes of `node`, defaults and names omitted: `heads=12 dh=64 mask=keep`."""
+    """Key attributes of `node`, defaults and names omitted: `heads=12 dh=64 mask=keep`; for an `onnx_op`, the ONNX
+    op and node name it holds (`Conv node_conv1d`, `out=1` for a later output), never its serialized node (its
+    base64 filled the label: `op_type=Conv node=Cg5pbnB1dF9m…`)."""
+    if node.op == Op.ONNX_OP:
+        out = int(node.attrs.get("output", 0) or 0)
+        s = " ".join(x for x in (str(node.attrs.get("op_type", "?")), str(node.attrs.get("name") or ""),
+                                 f"out={out}" if out else "") if x)
+        return s if len(s) <= limit else s[:limit - 1] + "…"
     spec = SPECS.get(node.op)
     parts: list[str] = []
     for k, v in node.attrs.items():

@@ -26,6 +26,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .context import OnnxImportError, _onnx
+from .layout import unreadable_why
 
 _BATCH_RE = re.compile(r"batch", re.I)
 _SEQ_RE = re.compile(r"seq|sequence|len|token", re.I)
@@ -192,7 +193,8 @@ def parse_onnx(path: Any) -> Any:
             raise ValueError(f"parsed {read} of its {size} bytes")  # as `onnx.load` checks
         return proto
     except Exception as e:  # noqa: BLE001 - protobuf DecodeError and friends
-        raise OnnxImportError(f"{path}: not a readable ONNX model ({type(e).__name__}: {e})") from None
+        # the app's upload check's words (`layout.unreadable_why`): a truncated file says so, not `DecodeError`
+        raise OnnxImportError(f"{path}: not a readable ONNX model ({unreadable_why(path, e)})") from None
 
 
 def proto_input_shapes(proto: Any, batch: int, seq: int, dims: Mapping[str, int] | None = None,

@@ -24,6 +24,8 @@ from typing import Any
 
 import numpy as np
 
+from .layout import unreadable_why
+
 _LAYERS = re.compile(r"^\s*(\d+)\s*(?:-\s*(\d+)\s*)?$")
 
 
@@ -228,7 +230,7 @@ def slice_layers(path: str | Path, first: int, last: int) -> Path:
     try:
         proto = onnx.load(str(p), load_external_data=False)
     except Exception as e:  # noqa: BLE001 - protobuf DecodeError and friends
-        raise SliceError(f"{path}: not a readable ONNX model ({type(e).__name__})") from None
+        raise SliceError(f"{path}: not a readable ONNX model ({unreadable_why(p, e)})") from None
     layers = sorted({x for x in _node_layers(proto.graph) if x is not None})
     if not layers:
         raise SliceError(f"{path}: --layers: no node path names a layer, so the file cannot be cut by layer")
