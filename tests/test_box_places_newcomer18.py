@@ -120,14 +120,16 @@ def test_the_search_index_holds_each_node_in_the_box_it_is_drawn_in():
 @pytest.mark.parametrize("path", MODELS, ids=lambda p: p.stem)
 def test_a_norm_takes_into_its_box_what_it_absorbed_never_an_operand(path):
     """bart-full's embeddings norm read `gather` %4 (`x`, an operand it binds but does not absorb): %4 stays in its
-    path's box, `encoder`; only the nodes a placed norm absorbed (`Node.absorbed`) follow it."""
-    from rlxviz.passes.placement import RESIDUAL_NORMS, placed
+    path's box, `encoder`; only the nodes a placed norm absorbed (`Node.absorbed`) follow it. What runs after the
+    layers is placed by its own rule (`placement.after_places`: deit.ortopt's pooler `narrow`)."""
+    from rlxviz.passes.placement import RESIDUAL_NORMS, after_layers, placed
 
     t = _trace(path)
     where = placed(t)
     nodes = {n.id: n for _, g in t.versions() for n in g}
     absorbed_by = {a: n.id for n in nodes.values() for a in n.absorbed}
+    after = {i for _, g in t.versions() for i in after_layers(g)}
     for i, place in where.items():
-        if nodes[i].op in RESIDUAL_NORMS:
+        if nodes[i].op in RESIDUAL_NORMS or (i in after and i not in absorbed_by):
             continue
         assert i in absorbed_by and where.get(absorbed_by[i]) == place, (path.stem, i, nodes[i].op.value, place)
