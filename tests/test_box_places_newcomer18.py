@@ -120,17 +120,20 @@ def test_the_search_index_holds_each_node_in_the_box_it_is_drawn_in():
 @pytest.mark.parametrize("path", MODELS, ids=lambda p: p.stem)
 def test_a_norm_takes_into_its_box_what_it_absorbed_never_an_operand(path):
     """bart-full's embeddings norm read `gather` %4 (`x`, an operand it binds but does not absorb): %4 stays in its
-    path's box, `encoder`; only the nodes a placed norm absorbed (`Node.absorbed`) follow it. A weight placed is one
-    only values the layers share read in the final graph, in their place (granite's mask `bitwise_and`, `other`)."""
+    path's box, `encoder`; only the nodes a placed norm absorbed (`Node.absorbed`) follow it. What runs after the
+    layers is placed by its own rule (`placement.after_places`: deit.ortopt's pooler `narrow`). A weight placed is
+    one only values the layers share read in the final graph, in their place (granite's mask `bitwise_and`,
+    `other`)."""
     from rlxviz.ir import Op
-    from rlxviz.passes.placement import RESIDUAL_NORMS, placed, shared
+    from rlxviz.passes.placement import RESIDUAL_NORMS, after_layers, placed, shared
 
     t = _trace(path)
     where = placed(t)
     nodes = {n.id: n for _, g in t.versions() for n in g}
     absorbed_by = {a: n.id for n in nodes.values() for a in n.absorbed}
+    after = {i for _, g in t.versions() for i in after_layers(g)}
     for i, place in where.items():
-        if nodes[i].op in RESIDUAL_NORMS:
+        if nodes[i].op in RESIDUAL_NORMS or (i in after and i not in absorbed_by):
             continue
         if nodes[i].op == Op.PARAM:
             readers = t.final.users(i)

@@ -28,15 +28,19 @@ mask), credited to no layer, whatever its match's path (its last step's, block 0
 What is credited to no layer sits in one named place (`outside_box`), which `explain`'s `outside the layers:` line
 says of each op and the app's layers view draws as a box of that name: a residual norm placed by the rule sits by
 structure, `final norm` when it reads what a layer made (the model's final norm), else `embeddings` (the embeddings'
-norm), whatever path an export gave it; every other op by the first part of its path (`embeddings`, `pooler`; `other`
-for none). A product `match_layer` credits to a layer its path does not name sits in that layer's box. The no-layer
-nodes a placed norm absorbed (its norm, before the pass fused it) sit where it sits at every version, so a node's box
-never changes while the node stays the same (`placed`).
+norm), whatever path an export gave it; an op that runs after the layers (`after_places`: it reads what a layer
+made and no layer reads it) by its path, in a place apart from what runs before them (deit.qdq's `model.layernorm`,
+whose embeddings sit in `model`; `after the layers` for none), so the layers view flows one way; every other op by
+the first part of its path (`embeddings`, `pooler`; `other` for none). A product `match_layer` credits to a layer
+its path does not name sits in that layer's box. The no-layer nodes a placed norm absorbed (its norm, before the
+pass fused it) sit where it sits at every version, so a node's box never changes while the node stays the same
+(`placed`).
 """
 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Collection
 
 from ..ir import Graph, Node, Op
 from ..ir.identity import DigestCache
@@ -137,6 +141,8 @@ def match_layer(source: Graph, before: Graph, after: Graph, m: Match) -> Layer |
     return opens[0] if opens else None
 
 
+_LEAVES = (Op.INPUT, Op.PARAM, Op.CONST)
+
 FINAL_NORM_BOX, EMBEDDINGS_BOX, NO_PATH_BOX = "final norm", "embeddings", "other"
 """The places `outside_box` names: a residual norm credited to no layer that reads what a layer made, one that does
 not, and an op with no path."""
@@ -146,6 +152,53 @@ def path_box(path: str) -> str:
     """The place of a node in no layer by its path: the path's first part (`embeddings.LayerNorm` -> `embeddings`),
     `other` for none."""
     return path.split(".")[0] if path else NO_PATH_BOX
+
+
+AFTER_BOX = "after the layers"
+"""The place of an op that runs after the layers (`after_places`) whose path names no module of its own."""
+
+
+def after_layers(g: Graph) -> frozenset[int]:
+    """Ids of the compute nodes of `g` in no layer (by path) that run after the layers: they read, directly or
+    through others, a node whose path names a layer, and no such node reads them, directly or through others (the
+    final norm, a pooler, a head). What runs before the layers (the embeddings, the mask) reads none; what sits
+    between two stacks or is made in one layer for all (T5's position bias) is read by a layer: neither is after.
+    Linear in the size of `g`."""
+    inside = {n.id for n in g if n.op not in _LEAVES and layer_of(n.path) is not None}
+    down, todo = set(), [u.id for i in inside for u in g.users(i)]
+    while todo:
+        i = todo.pop()
+        if i not in down and i not in inside:
+            down.add(i)
+            todo.extend(u.id for u in g.users(i))
+    up, todo = set(), [j for i in inside for j in g[i].inputs]
+    while todo:
+        i = todo.pop()
+        if i not in up and i not in inside and i in g:
+            up.add(i)
+            todo.extend(g[i].inputs)
+    return frozenset(i for i in down - up if g[i].op not in _LEAVES)
+
+
+def after_box(path: str, roots: Collection[str]) -> str:
+    """The place of a node that runs after the layers (`after_layers`) by its path, never a place of what runs
+    before them: the path's first part (`pooler.dense` -> `pooler`), or its first two where the first is the root of
+    the layers' paths too (`roots`: `model` of `model.layers.0`; `model.layernorm` -> `model.layernorm`, whose
+    embeddings sit in `model`); `AFTER_BOX` for a path that names nothing more (``, `model`)."""
+    parts = path.split(".") if path else []
+    if not parts:
+        return AFTER_BOX
+    if parts[0] not in roots:
+        return parts[0]
+    return ".".join(parts[:2]) if len(parts) > 1 else AFTER_BOX
+
+
+def after_places(g: Graph) -> dict[int, str]:
+    """Node id -> place (`after_box`) of each node of `g` that runs after the layers (`after_layers`). deit.qdq's
+    final norm and pooler (paths `model.layernorm`, `model.pooler`) sat with its embeddings in `model`, so the layers
+    view drew an arrow from its last layer back up into `model`, a cycle to the eye (newcomer finding)."""
+    roots = {n.path.split(".")[0] for n in g if layer_of(n.path) is not None}
+    return {i: after_box(g[i].path, roots) for i in sorted(after_layers(g))}
 
 
 def _reads_a_layer(g: Graph, node: int) -> bool:
@@ -169,16 +222,19 @@ def placed(trace: Trace) -> dict[int, Layer | str]:
     """Node id -> where it sits, for the nodes of any version of `trace` whose path does not say it: each match's
     product that `match_layer` credits elsewhere than its path's layer (a layer: falcon.ortopt's residual-sum region
     of path `model.h`, credited to layer 1 by its match; for none, its place outside the layers: a residual norm's
-    `FINAL_NORM_BOX` when it reads what a layer made, else `EMBEDDINGS_BOX`; any other op's `path_box`), and the
+    `FINAL_NORM_BOX` when it reads what a layer made, else `EMBEDDINGS_BOX`; any other op's `path_box`), the
     nodes in no layer by path that it absorbed (`Node.absorbed`: never an operand it reads), through every earlier
     match that made them (esm.qdyn's `layer_norm` %768, path `encoder.emb_layer_norm_after`, before
     `fuse_residual_ln` made `FusedResidualLN` %797 of it: `final norm`; node ids are never reused). The norm a placed
     residual norm took in (its match's `norm` binding) and what made that norm sit there too whatever their path:
     deit.ortopt's final `layer_norm` %113, named `layers.1.mlp.fc2` by ONNX Runtime, was boxed in `layers.1` until
     `fuse_residual_ln` made `FusedResidualLN` %144 of it, when a `final norm` box appeared (newcomer run 22); its
-    residual sum stays in its layer until fused. What `explain` says of these nodes and where the app's layers view
-    boxes them. A weight only values the layers share read sits in their place too (`_shared_weights`: no node, a
-    weight the layers view counts there). Made once per trace."""
+    residual sum stays in its layer until fused; and every other node that runs after the layers, in its place
+    there (`after_places`) at the first version that holds it, or with the placed norm whose nodes share its path
+    (optimum.llama-with-past's casts in `model.norm`, which the fused norm did not take in, sit in `final norm`).
+    What `explain` says of these nodes and where the app's layers view boxes them. A weight only values the layers
+    share read sits in their place too (`_shared_weights`: no node, a weight the layers view counts there). Made
+    once per trace."""
     hit = _PLACED.get(trace)
     if hit is not None:
         return hit
@@ -208,9 +264,14 @@ def placed(trace: Trace) -> dict[int, Layer | str]:
             absorbed, before = made.get(todo.pop(), ((), None))
             for i in absorbed if before is not None else ():
                 if i in before and i not in out and (layer_of(before[i].path) is None or f in own) \
-                        and before[i].op not in (Op.INPUT, Op.PARAM, Op.CONST):
+                        and before[i].op not in _LEAVES:
                     out[i] = place
                     todo.append(i)
+    norms = {i: p for i, p in out.items() if i not in moved and isinstance(p, str)}  # a placed norm's own nodes
+    for _, g in trace.versions():  # the rest of what runs after the layers, where the version that made it says
+        beside = {g[i].path: p for i, p in norms.items() if i in g and g[i].path}
+        for i, place in after_places(g).items():  # a cast inside the final norm (`model.norm`) sits with it
+            out.setdefault(i, beside.get(g[i].path, place))
     out.update(_shared_weights(trace.final, out))
     _PLACED[trace] = out
     return out
@@ -255,6 +316,6 @@ def outside_box(trace: Trace, node: int) -> str:
     return path_box(g[node].path) if g is not None else NO_PATH_BOX
 
 
-__all__ = ["EMBEDDINGS_BOX", "FINAL_NORM_BOX", "NO_PATH_BOX", "RESIDUAL_NORMS", "RESIDUAL_NORM_RULE", "SHARED_RULE",
-           "closed_layer", "match_layer", "outside_box", "path_box", "placed", "shared", "sits",
-           "skip_operand"]
+__all__ = ["AFTER_BOX", "EMBEDDINGS_BOX", "FINAL_NORM_BOX", "NO_PATH_BOX", "RESIDUAL_NORMS", "RESIDUAL_NORM_RULE",
+           "SHARED_RULE", "after_box", "after_layers", "after_places", "closed_layer", "match_layer", "outside_box",
+           "path_box", "placed", "shared", "sits", "skip_operand"]

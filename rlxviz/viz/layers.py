@@ -27,7 +27,7 @@ import graphviz
 
 from ..ir import Graph, Node, Op
 from ..ir.ops import FUSED, LEAF, MOVEMENT, REWRITTEN_AS, SPECS, made_as
-from ..passes.placement import path_box
+from ..passes.placement import after_places, path_box
 from ..passes.readers import live_nodes
 from ..passes.rules.cleanup import region_of_one
 from ..passes.trace import Layer, Rejection, layer_label, layer_of, layer_prefix
@@ -320,13 +320,15 @@ def layer_groups(graph: Graph, overlay: Overlay | None = None,
             not their path (a residual norm at a layer's edge, and the norm it absorbed at earlier versions): a layer
             (its box), or a place outside the layers (the box of that name, `final norm`), whatever its path says, so
             the final norm is boxed alike across exports (esm.dynamo-eager's sat with the embeddings in `model`,
-            esm.qdyn's in `encoder`, granite's in `other`) and across versions. Every other node in no layer is boxed
-            by its path (`placement.path_box`): the boxes are the places `explain`'s lines say.
+            esm.qdyn's in `encoder`, granite's in `other`) and across versions, and each node that runs after the
+            layers in its place (`placement.after_places`: deit.qdq's `model.layernorm`, apart from its embeddings'
+            `model`); None: those of `graph` alone. Every other node in no layer is boxed by its path
+            (`placement.path_box`): the boxes are the places `explain`'s lines say.
     """
     groups: dict[str, LayerGroup] = {}
     of: dict[int, str] = {}
     stacked = len({k.stack for n in graph if (k := layer_of(n.path)) is not None}) > 1
-    where = placed or {}
+    where = placed if placed is not None else after_places(graph)  # a bare graph: what runs after the layers
     for n in graph:
         if n.op in (Op.INPUT, Op.PARAM, Op.CONST):
             continue

@@ -24,9 +24,9 @@ _PARAM = re.compile(r"^([A-Za-z_]\w*(?:\.\w+)+)\.(?:weight|bias)$")
 def path_of_name(name: str) -> str:
     """The module path a value or parameter name carries, or ''."""
     if m := _VALUE.match(name or ""):
-        return ".".join(p for p in m.group(1).split("/") if p)
+        return module_path(".".join(p for p in m.group(1).split("/") if p))
     if m := _PARAM.match(name or ""):
-        return m.group(1)
+        return module_path(m.group(1))
     return ""
 
 
@@ -39,6 +39,20 @@ def path_from_values(node: Any) -> str:
     return ""
 
 
+EXPORTER_ARTIFACT = re.compile(r"_\w*_hook(?:\$\d+)?|\w*nn_module_stack\w*")
+"""A scope name an exporter writes where it knows no module, not a module of the model: torch.export's
+`_empty_nn_module_stack_from_metadata_hook` (`torch._export.passes._node_metadata_hook`, the module stack of a node a
+pass made, e.g. deit's `sym_size` shape op; tools downstream number it `...hook$1`). A path of one reads as none."""
+
+
+def module_path(path: str) -> str:
+    """`path` less the parts that are exporter artifacts (`EXPORTER_ARTIFACT`), and of the parts below one:
+    `_empty_nn_module_stack_from_metadata_hook` -> '' (no module path); any other path as it is."""
+    parts = path.split(".") if path else []
+    k = next((k for k, part in enumerate(parts) if EXPORTER_ARTIFACT.fullmatch(part)), None)
+    return path if k is None else ".".join(parts[:k])
+
+
 _NAME_SCOPES = "pkg.torch.onnx.name_scopes"
 MAX_SCOPES_TEXT = 8192
 """The longest name-scope metadata read (a real one is a few hundred bytes); longer is ignored, the node name used."""
@@ -47,7 +61,8 @@ MAX_SCOPES_TEXT = 8192
 @functools.lru_cache(maxsize=1024)
 def _scopes(text: str) -> str | None:
     """The innermost module path a name-scope list names (`"['', 'encoder', 'encoder.layer.0', 'MatMul']"` ->
-    `encoder.layer.0`; '' when it names none), None when `text` is no list. One parse per distinct text: the
+    `encoder.layer.0`; '' when it names none: `['_empty_nn_module_stack_from_metadata_hook', 'sym_size_int_3']`,
+    an exporter artifact, `EXPORTER_ARTIFACT`), None when `text` is no list. One parse per distinct text: the
     nodes of a layer repeat a few texts."""
     try:
         scopes = ast.literal_eval(text)
@@ -55,8 +70,8 @@ def _scopes(text: str) -> str | None:
         return None
     if not isinstance(scopes, list | tuple):
         return None
-    mods = [s for s in scopes[:-1] if isinstance(s, str) and s]
-    return mods[-1] if mods else ""
+    mods = [s for s in scopes[:-1] if isinstance(s, str) and s and not EXPORTER_ARTIFACT.fullmatch(s)]
+    return module_path(mods[-1]) if mods else ""
 
 
 def node_path(node: Any) -> str:
@@ -73,7 +88,7 @@ def node_path(node: Any) -> str:
             return scopes
     name = node.name or ""
     if name.startswith("/"):
-        return ".".join(part for part in name.split("/")[1:-1] if part)
+        return module_path(".".join(part for part in name.split("/")[1:-1] if part))
     return path_from_values(node)  # a node an optimizer made: the path its values' names carry
 
 
@@ -123,4 +138,4 @@ def agreed_paths(nodes: Sequence[Any], paths: Sequence[str]) -> list[str]:
     return out
 
 
-__all__ = ["agreed_paths", "path_from_values", "path_of_name"]
+__all__ = ["EXPORTER_ARTIFACT", "agreed_paths", "module_path", "path_from_values", "path_of_name"]
