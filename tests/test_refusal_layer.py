@@ -98,3 +98,14 @@ def test_whisper_why_tab_files_fc2_in_layer_0(monkeypatch):
     mine, next_ = (s.why_layer(k).replace("\\", "") for k in (0, 1))
     assert f"{RULE} ({GUARD}) @ %56 (" in mine and "node 53, model.layers.0.fc2" in mine
     assert "node 53" not in next_ and f"{RULE} ({GUARD}) @ %87 (" in next_
+
+
+def test_whisper_node_panel_of_the_bias_add_says_whose_place_it_is():
+    """%56 sits in layer 1's box (its path); its refusal is layer 0's place, and its role says so, as its mark does."""
+    from rlxviz.app.explain import node_report
+
+    trace = _trace(WHISPER)
+    k = next(k for k, s in enumerate(trace.steps) if s.pass_name == "fuse_matmul_bias_act")
+    rep = node_report(trace.steps[k].before, 56, trace)
+    (said,) = [x for x in rep["decisions"] if x["rule"] == RULE and x["guard"] == GUARD]
+    assert said["role"] == "the bias add in layer 0" and rep["layer"] == 1
