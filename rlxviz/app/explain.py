@@ -424,8 +424,7 @@ def node_decisions(trace: Trace, node_id: int) -> list[dict[str, Any]]:
                      "standing_why": _own_why(trace, r, head, st) if note is None else "",
                      "follower": note,
                      "gap_workaround": gap_workaround(trace, head, st) and note is None,
-                     "role": role_label(r.rule, role) if role else ("anchor" if r.anchor == node_id else
-                                                                    _offending(s.before, r, node_id)),
+                     "role": _role(s.before, r, node_id, role),
                      "outcome": "left out" if r.soft else f"rejected ({r.stage})", "guard": r.guard,
                      "message": message, "hint": hint, "kind": r.kind, "fix": r.fix, "dead": r.dead,
                      "anchor": r.anchor,
@@ -519,6 +518,17 @@ def _own_why(trace: Trace, r: Rejection, head: Rejection, st: tuple[str, str] | 
         if own is not None and own[0] == OP_GAP_GROUP:
             return own[1]
     return st[1]
+
+
+def _role(g: Graph, r: Rejection, node_id: int, role: str | None) -> str:
+    """The role of node `node_id` of `g` in refusal `r`: its bound role's label, else `anchor`, else `_offending`'s;
+    with whose place it is where the node lies in another layer than the place (`trace.whose_place`: `the bias add in
+    layer 0` on whisper-encoder.ortopt's %56, named after layer 1's norm, whose refusal is filed in its matmul's layer
+    0 by `trace.REFUSAL_LAYER_RULE`), as its drawn mark says."""
+    if not role and r.anchor != node_id:
+        return _offending(g, r, node_id)
+    return (role_label(r.rule, role) if role else "anchor") + whose_place(r.layer, g[node_id].path if node_id in g
+                                                                          else "")
 
 
 def _offending(g: Graph, r: Rejection, node_id: int) -> str:

@@ -22,7 +22,7 @@ from .guard import ILLEGAL, NOT_PROFITABLE, NOT_RECOGNIZED, Ctx
 from .pattern import RuleError, describe
 from .rule import Fail, Rule, Soft
 from .search import attempt
-from .trace import STAGE_SEP, Match, Rejection
+from .trace import STAGE_SEP, Match, Rejection, refusal_layer_path
 
 
 @dataclass
@@ -182,7 +182,7 @@ def _rejection(pass_name: str, rule: Rule, anchor: int, f: Fail, ctx: Ctx, headl
                soft: bool = False) -> Rejection:
     return Rejection(pass_name, rule.name, anchor, f.stage, f.guard, f.message, dict(ctx.bindings), f.offending,
                      f.edges, ctx.graph[anchor].path, f.hint, f.subject, f.kind, f.fix, f.needed, f.found, headline,
-                     soft, f.remedy, f.roles, f.dead)
+                     soft, f.remedy, f.roles, f.dead, refusal_layer_path(ctx.graph, ctx.bindings, rule.core))
 
 
 def try_rule(rule: Rule, graph: Graph, anchor: int, params: Mapping[str, Any]) -> Ctx | Fail:
@@ -353,7 +353,8 @@ def find(graph: Graph, pass_name: str, rules: Sequence[Rule], params: Mapping[st
                 pending.append(Rejection(pass_name, rule.name, node.id, "structure", "already_fused",
                                          f"nodes {sorted(ids & claimed)} were already taken by another match of "
                                          f"{pass_name}", dict(ctx.bindings), tuple(sorted(ids & claimed)), (),
-                                         node.path, kind=NOT_PROFITABLE))
+                                         node.path, kind=NOT_PROFITABLE,
+                                         layer_path=refusal_layer_path(graph, ctx.bindings, rule.core)))
                 continue
             if (bad := _build_type_error(rule, ctx)) is not None:  # the fused node could not hold these operands
                 pending.append(_rejection(pass_name, rule, node.id, bad, ctx))

@@ -17,7 +17,7 @@ from ..ir import Graph, Node
 from ..ir.identity import DigestCache
 from .pipeline import PASSES, STAGES, Pipeline
 from .refusal_kinds import kind_words
-from .trace import Rejection, Trace, layer_of, place_label, reading_order
+from .trace import Layer, Rejection, Trace, layer_of, place_label, reading_order
 
 
 @dataclass(frozen=True)
@@ -39,6 +39,8 @@ class MissedFusion:
             makes it legal (`guard.REMEDIES`).
         offending: the rejection's offending nodes (e.g. the extra reader), ids in the version the pass saw.
         dead: the rejection's dead extra readers (`trace.Rejection.dead`), ids in the version the pass saw.
+        layer_path: the path that files it in a layer (`trace.Rejection.layer_path`, `trace.REFUSAL_LAYER_RULE`);
+            "": `path` does.
     """
 
     pattern: str
@@ -53,6 +55,12 @@ class MissedFusion:
     remedy: str = ""
     offending: tuple[int, ...] = ()
     dead: tuple[int, ...] = ()
+    layer_path: str = ""
+
+    @property
+    def layer(self) -> Layer | None:
+        """The layer the miss is filed in, as its refusal's (`trace.Rejection.layer`)."""
+        return layer_of(self.layer_path or self.path)
 
     def __str__(self) -> str:
         hint = f" -> {self.hint}" if self.hint and self.hint not in self.reason else ""
@@ -195,7 +203,7 @@ def _what_ran(trace: Trace, step: int, r: Rejection, name: str) -> str | None:
     mine = {*r.bindings.values(), *r.offending, r.anchor}
     before = trace.steps[step].before
     near = _producers(before, mine, depth=4)
-    layer = layer_of(r.path or "")
+    layer = r.layer
     # one layer's own producers at any depth: esm's Q is scaled and biased between the merged QKV matmul and
     # the RoPE, more than 4 edges above the attention; a product in another layer is no part of this place
     close = _with_absorbed(trace, near)
@@ -322,7 +330,7 @@ def missed_fusions(source: Graph | Trace, pipeline: Pipeline | None = None) -> l
                          if not o.headline and o.rule == r.rule and o.anchor == r.anchor)
             message, hint = in_context(trace, k, r)
             out[(r.rule, r.anchor)] = MissedFusion(r.rule, r.anchor, r.path, r.guard, message, hint, r.kind,
-                                                   r.fix, also, r.remedy, r.offending, r.dead)
+                                                   r.fix, also, r.remedy, r.offending, r.dead, r.layer_path)
     return list(out.values())
 
 
@@ -341,7 +349,7 @@ def left_out_rejections(trace: Trace, layers: Collection[int] | None = None) -> 
     embeddings' line)."""
     missed = {(m.pattern, m.node) for m in missed_fusions(trace)}
     rows = [r for r in trace.rejections if (r.rule, r.anchor) not in missed
-            and (layers is None or layer_of(r.path or "") in layers) and (
+            and (layers is None or r.layer in layers) and (
                 r.soft or (not r.near_miss and r.headline))]
     key = reading_order(trace)
     return sorted(rows, key=lambda r: key(r.layer, r.anchor))  # stable: pass order between places of one anchor

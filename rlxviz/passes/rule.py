@@ -362,6 +362,8 @@ class Rule:
         taken_later: roles whose node, fused by a later pass into its product (not an ElementwiseRegion), settles a
             refusal of the rule: no standing miss (`report.missed_fusions`). The matmul of a bias added after the
             residual, which FusedAttentionBlock takes as its output projection.
+        core: roles of the candidate's core op, first first (a linear's `mm`, then its weight `w`): a refusal of the
+            rule is filed in the first bound one's layer, not its anchor's (`trace.REFUSAL_LAYER_RULE`). (): anchor's.
     """
 
     name: str
@@ -377,6 +379,7 @@ class Rule:
     doc: str = ""
     form: str = ""
     taken_later: tuple[str, ...] = ()
+    core: tuple[str, ...] = ()
     source: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:

@@ -194,6 +194,28 @@ def resolve_layers(have: Sequence[Layer | int], wanted: Iterable[Layer | int]) -
     return list(dict.fromkeys(out))
 
 
+REFUSAL_LAYER_RULE = ("a refusal is filed in the layer of the refused candidate's core op where its rule names one "
+                      "(a linear's matmul, for a matmul + bias epilogue), not of its anchor: a graph optimizer may "
+                      "have named the bias add after the next layer's norm (ONNX Runtime's SkipLayerNormalization "
+                      "takes the bias of layer N's fc2 under layer N+1's norm); every other refusal is filed in its "
+                      "anchor's layer")
+"""How a refusal gets its layer (`Rejection.layer`, `refusal_layer_path`), in words: every view that files a refusal
+in a layer (`explain`'s text, `-v` and `--json`, the app's Why tab, chips and boxes) reads `Rejection.layer`."""
+
+
+def refusal_layer_path(graph: Graph, bindings: dict[str, int], core: Sequence[str]) -> str:
+    """The path that files a refusal in a layer (`REFUSAL_LAYER_RULE`): that of the first of the rule's `core` roles
+    bound in `bindings` to a node of `graph` with a path, "" when none is (the anchor's path then files it).
+
+    Args:
+        graph: the graph the refusing pass read.
+        bindings: the refused candidate's role -> node id.
+        core: the rule's core roles, first first (`Rule.core`: `("mm", "w")` for a linear).
+    """
+    return next((graph[i].path for r in core if (i := bindings.get(r)) is not None and i in graph and graph[i].path),
+                "")
+
+
 @dataclass(frozen=True)
 class Match:
     """A pattern that matched and was rewritten.
@@ -251,6 +273,9 @@ class Rejection:
         dead: a reader refusal's extra readers when every one reaches no graph output (dead code: `rule.Fail.dead`,
             ids in the version the pass saw); `fix` is then dead-code elimination before the pass
             (`readers.DCE_FIRST`) and its kind is worded from them (`refusal_kinds.kind_words`). (): any other refusal.
+        layer_path: the path that files the refusal in a layer (`REFUSAL_LAYER_RULE`): the path of the refused
+            candidate's core op (`Rule.core`: a linear's matmul) where its rule names one and it was bound; ""
+            (the anchor's `path` files it) otherwise. `path` stays the anchor's: the place's label.
     """
 
     pass_name: str
@@ -274,10 +299,12 @@ class Rejection:
     remedy: str = ""
     roles: tuple[str, ...] = ()
     dead: tuple[int, ...] = ()
+    layer_path: str = ""
 
     @property
     def layer(self) -> int | None:
-        return layer_of(self.path)
+        """The layer the refusal is filed in (`REFUSAL_LAYER_RULE`): `layer_path`'s, else its anchor's `path`'s."""
+        return layer_of(self.layer_path or self.path)
 
     @property
     def place_role(self) -> str | None:

@@ -35,7 +35,7 @@ from .guard import ILLEGAL, NO_MODEL_FIX, NOT_PROFITABLE, UNCHECKED_FIX, Ctx, Gu
 from .pipeline import PASSES, STAGES, Pipeline
 from .rule import Fail, Rule
 from .rules.scale_fold import folded_graph, scale_fold
-from .trace import PassStep, Rejection, Trace, layer_of
+from .trace import PassStep, Rejection, Trace
 
 STATEMENT = "statement"
 PIPELINE = "pipeline"
@@ -461,7 +461,7 @@ def fix_alone_readers(trace: Trace, step: int, r: Rejection) -> tuple[int, ...]:
 def still_refused(after: Trace, r: Rejection) -> Blocker | None:
     """What refuses `r`'s rule in `r`'s layer of the what-if run `after` (its headline refusal at `r`'s anchor,
     else the first in the layer), or None when nothing does (the rule fused, or never saw a candidate)."""
-    layer = layer_of(r.path)
+    layer = r.layer
     hits = [x for s in after.steps for x in s.rejections
             if x.rule == r.rule and x.headline and not x.soft and x.layer == layer]
     hit = next((x for x in hits if x.anchor == r.anchor), hits[0] if hits else None)
@@ -490,7 +490,7 @@ def fused_more(before: Trace, after: Trace, r: Rejection) -> bool:
     """Whether the what-if run `after` made the fusion `r` refused in `before`: `r.rule` fused more often in `r`'s
     layer than in `before`; for a soft refusal (the rule fused, leaving something out, e.g. the activation), it fused
     as often or more and `r.guard` left something out fewer times."""
-    layer = layer_of(r.path)
+    layer = r.layer
     made = fused_count(after, r.rule, layer) - fused_count(before, r.rule, layer)
     if r.soft:
         fewer = refused_count(after, r.rule, r.guard, layer) < refused_count(before, r.rule, r.guard, layer)

@@ -57,6 +57,12 @@ from ..rule import QUIET, Fail, Rule, Soft, reports
 
 # -- fuse_matmul_bias_act ------------------------------------------------------------------------
 
+LINEAR_CORE = ("mm", "w")
+"""A linear's core op, first first (`Rule.core`): its matmul, then its weight. A refusal of a matmul + bias epilogue is
+filed in the matmul's layer (`trace.REFUSAL_LAYER_RULE`), not in that of its bias add, which ONNX Runtime's optimizer
+may have named after the next layer's norm (whisper-encoder.ortopt: layer 0's fc2 bias under layer 1's
+SkipLayerNormalization)."""
+
 LINEAR = P(Op.ADD, P(Op.MATMUL, P.var("x"), P.var("w"), name="mm"), P.var("bias"), name="add", commutative=True)
 
 
@@ -216,6 +222,7 @@ BIAS_ACT = Rule(
         Soft(_epilogue),
     ),
     result=("act", "add"), absorb=("mm", "add", "act"), rewrite=_fmba_rewrite,
+    core=LINEAR_CORE,
     doc=f"act(x @ w + bias) -> FusedMatMulBiasAct (activation from the allow-list {', '.join(EPILOGUE_ACTIVATIONS)})")
 
 def _zero_bias_rewrite(c: Ctx, rw: Rewriter) -> int:
@@ -247,6 +254,7 @@ ZERO_BIAS_ACT = Rule(
         not_output("mm", "mm_not_output"),
     ),
     result="act", absorb=("mm", "act"), rewrite=_zero_bias_rewrite,
+    core=LINEAR_CORE,
     doc="act(x @ w) with no bias (GPT-style FC1) -> FusedMatMulBiasAct with a zero bias (exact: x + 0 == x), "
         f"activation from the allow-list {', '.join(EPILOGUE_ACTIVATIONS)}")
 
@@ -306,6 +314,7 @@ SCALE_BIAS = Rule(
     P(Op.ADD, _SCALED_MM, P.var("bias"), name="add", commutative=True),
     steps=(_column_scale(True), _scale_guard("add")),
     result="add", absorb=("mm", "scale_mul", "add"), rewrite=lambda c, rw: c.id("add"),
+    core=LINEAR_CORE,
     labels={**_SCALE_LABELS, "add": "its bias add"},
     doc="act(x @ w * s + bias), s a weight-side scalar or per-column scale (a dequantize scale): named, not fused "
         "(FusedMatMulBiasAct has no scale)")
@@ -315,6 +324,7 @@ SCALE_ACT = Rule(
     P(_EPILOGUE_OPS, _SCALED_MM, name="act"),
     steps=(_column_scale(False), _scale_guard("act")),
     result="act", absorb=("mm", "scale_mul", "act"), rewrite=lambda c, rw: c.id("act"),
+    core=LINEAR_CORE,
     labels={**_SCALE_LABELS, "act": "its activation"},
     doc="act(x @ w * s) with no bias, s a weight-side scale: named, not fused (FusedMatMulBiasAct has no scale)")
 
@@ -372,6 +382,7 @@ BIAS_AFTER_RESIDUAL = Rule(
                  requires=("add", "mm", "bias", "sum"), kind=NOT_RECOGNIZED, fix=BIAS_AFTER_RESIDUAL_FIX,
                  subject=lambda c: c.id("add"))),
     result="add", absorb=("mm", "sum", "add"), rewrite=lambda c, rw: c.id("add"), taken_later=("mm",),
+    core=LINEAR_CORE,
     labels={"mm": "the matmul", "sum": "the residual add", "add": "the bias add", "bias": "the bias",
             "residual": "the residual"},
     doc="(x @ w + skip) + bias, the linear's bias added after the residual (ONNX Runtime's SkipLayerNormalization "

@@ -11,7 +11,7 @@ from ..guard import IN_MODEL
 from ..pipeline import PASSES, STAGES
 from ..refusal_kinds import NOT_RECOGNIZED
 from ..report import user_origin
-from ..trace import Trace, layer_of
+from ..trace import Trace
 from ..whatif import MODEL, Blocker, fix_alone_blocker, fix_alone_fail, fix_alone_readers, fix_form, what_if
 from .facts import RunFacts
 from .kinds import LayerArchitecture as Architecture
@@ -146,7 +146,7 @@ def _fix_blocker(trace: Trace, rule: str, anchor: int, guard: str) -> tuple[str,
             # named as one, as a not-expected line names a gap, and is no pattern miss (newcomer runs 19, 20); so is
             # one whose own fixes make it a gap (its one fix the compiler's: albert's gelu_tanh `fc1_activation`
             # behind `ln1_no_bias`, `policy.compiler_fix_only`)
-            gaps = (op_gaps(classify_layer(trace.input, layer_of(hit[1].path)), pass_name, blocker[0],
+            gaps = (op_gaps(classify_layer(trace.input, hit[1].layer), pass_name, blocker[0],
                             fix_alone_fail(trace, *hit))
                     if blocker[0] != guard and made is None else [])
             if gaps:

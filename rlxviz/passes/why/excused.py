@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from ..explain import Outcome
 from ..report import MissedFusion
-from ..trace import Trace, layer_of
+from ..trace import Trace
 from .caveat import (
     caveat_words,
     fix_blocker,
@@ -215,7 +215,7 @@ def excused_misses(trace: Trace, arch: Architecture, layer: int | None, own: boo
     groups: dict[tuple[str, str, str, str, str], tuple[MissedFusion, dict[int, str], tuple[str, ...]]] = {}
     reasons: dict[tuple[str, str, str, str, str], dict[int, str]] = {}
     for m in RunFacts.of(trace).misses():
-        if (layer is not None and layer_of(m.path) != layer) or (outside and layer_of(m.path) is not None):
+        if (layer is not None and m.layer != layer) or (outside and m.layer is not None):
             continue
         pass_name = m.pattern.split(".")[0]
         ex = excuse(arch, pass_name, m.guard, m.kind, m.remedy, m if own else None)

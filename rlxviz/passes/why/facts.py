@@ -412,7 +412,7 @@ def illegal_here(facts: RunFacts, rejected: list[Outcome], layer: int, arch: Any
     mine = {(o.rule, o.nodes[0]): o for o in rejected if o.nodes}
     out = []
     for m in facts.misses():
-        if layer_of(m.path) != layer or m.kind != ILLEGAL or m.remedy != READ_BY_MODEL or \
+        if m.layer != layer or m.kind != ILLEGAL or m.remedy != READ_BY_MODEL or \
                 not_expected(arch, m.pattern.split(".")[0], m.guard) is not None:
             continue
         o = mine.get((m.pattern, m.node))
