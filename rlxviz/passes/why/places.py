@@ -16,7 +16,7 @@ from ..trace import Rejection, Trace, place_label
 from .caveat import model_fix_note
 from .facts import RunFacts
 from .gap_words import GapNames, group_words, trait_worded
-from .policy import NOT_EXPECTED_HERE, gap_line, not_expected_line
+from .policy import NOT_EXPECTED_HERE, TAKEN_LATER_GROUP, gap_line, not_expected_line
 from .standing import place_gap_names, place_gaps, standing
 from .verdict import ILLEGAL_HERE_GROUP, OP_GAP_GROUP, LayerVerdict, RunVerdict
 
@@ -194,9 +194,12 @@ def standing_mark(st: tuple[str, str] | None, gaps: GapNames = ()) -> str:
     each of `gaps`, the place's, where it ran into several, as the drawing's label does, `gap_words.group_words`:
     `△ 2 gaps in rlxviz's ops: its integer-matmul Q/K/V projections (integer_qkv), default_scale`), else
     `○ nothing to fix, GROUP` (`not expected here`, `lookalike`, `the model's own term`, `illegal here`, `does not
-    pay`)."""
+    pay`; `taken later` with what took it: `○ nothing to fix, taken later: its matmul was fused later by
+    fuse_attention_block into %148`, as the text's `taken later` line says it)."""
     if st is None:
         return "✗ near-miss"
+    if st[0] == TAKEN_LATER_GROUP:
+        return f"○ nothing to fix, {TAKEN_LATER_GROUP}: {st[1]}"
     if st[0] == OP_GAP_GROUP:
         return f"△ {group_words(OP_GAP_GROUP, gaps)}"
     return f"○ nothing to fix, {_NOTHING_TO_FIX.get(st[0], st[0])}"
