@@ -100,3 +100,10 @@ def test_every_also_rejected_line_is_a_near_miss_on_the_verbose_rule_line_too(ca
         marks = _verbose_marks(block)
         for m in re.finditer(r"^  also rejected: (\S+): (\S+) ", block, re.M):
             assert any(x.startswith("✗ near-miss") for x in marks.get((m[1], m[2]), [])), (m[0], marks)
+
+
+def test_the_chips_tooltip_item_says_what_took_the_place():
+    trace = _trace(ONNX / "ortopt" / "clip-text.ortopt.onnx")
+    k = next(k for k, s in enumerate(trace.steps) if s.pass_name == "fuse_matmul_bias_act")
+    (item,) = places(trace, k).faded[TAKEN_LATER_GROUP]
+    assert f"{RULE} ({GUARD}): " in item and WORDS.search(item), item

@@ -154,7 +154,7 @@ def places(trace: Trace, step: int) -> Places:
             line = gap_line if group == OP_GAP_GROUP else not_expected_line
             item = f"{path}: {line(r.rule, r.guard, reason, why)}"  # its place named once: `path`
         else:
-            item = f"{path}: {r.rule} ({r.guard}): {why}" if group == ILLEGAL_HERE_GROUP else path
+            item = f"{path}: {r.rule} ({r.guard}): {why}" if group in (ILLEGAL_HERE_GROUP, TAKEN_LATER_GROUP) else path
         excused.setdefault(group, []).append(item)
         excused_at.setdefault(group, []).append(r.anchor)
     return Places(near, excused, excused_at, list(lacks), workaround)
