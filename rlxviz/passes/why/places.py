@@ -34,7 +34,8 @@ class Places:
             order: what a version chip counts as `✗`.
         excused: `standing` group -> one item per place that is no near-miss (hard or soft), in the run's order:
             its name (`trace.place_label`: its node path, `%ANCHOR` for none), and for a group whose reason differs
-            by place (`NOT_EXPECTED_HERE`, `OP_GAP_GROUP`, `ILLEGAL_HERE_GROUP`) `PATH: RULE (GUARD): why`, the place
+            by place (`NOT_EXPECTED_HERE`, `OP_GAP_GROUP`, `ILLEGAL_HERE_GROUP`, `TAKEN_LATER_GROUP`)
+            `PATH: RULE (GUARD): why`, the place
             named once as `near_miss_item` names it, a not-expected one's why as `explain` words it
             (`policy.not_expected_line` without its places: the guard's reason, then why; `policy.gap_line` for
             `OP_GAP_GROUP`: the reason, then the form rlxviz lacks and its compiler fix). The chip's faded `○`, but
