@@ -26,6 +26,7 @@ from rlxviz.ir import Op
 from rlxviz.models.onnx import load_onnx
 from rlxviz.passes import Pipeline
 from rlxviz.passes.report import taken_later
+from rlxviz.passes.why.policy import TAKEN_LATER_GROUP
 from rlxviz.passes.why.standing import standing
 from rlxviz.passes.why.verdict import OP_GAP_GROUP, RunVerdict
 from rlxviz.session import isolated
@@ -53,15 +54,16 @@ def test_each_pre_ln_layer_names_its_bare_linears_as_a_gap_in_rlxvizs_ops(path):
     trace = _trace(path)
     refused = _refusals(trace)
     assert refused, "no linear named"
-    for r in refused:
-        assert r.guard == GUARD and standing(trace, r)[0] == OP_GAP_GROUP  # a compiler fix, not a near-miss
+    k = next(k for k, s in enumerate(trace.steps) if s.pass_name == "fuse_matmul_bias_act")
+    for r in refused:  # a compiler fix, not a near-miss; clip-text's o_proj, taken by FusedAttentionBlock: neither
+        group = TAKEN_LATER_GROUP if taken_later(trace, k, r) else OP_GAP_GROUP
+        assert r.guard == GUARD and standing(trace, r)[0] == group
         if path.stem == "deit.ortopt":  # its o_proj and fc2 are left bare (clip-text's block takes its o_proj)
             assert trace.final[r.bindings["mm"]].op == Op.MATMUL
         assert "SkipLayerNormalization" in r.message and "takes no residual" in r.message
         assert r.fix.startswith("a FusedMatMulBiasAct with a residual operand") and r.hint.startswith("nothing to")
     v = RunVerdict.of(trace)
     assert FORM in v.headline
-    k = next(k for k, s in enumerate(trace.steps) if s.pass_name == "fuse_matmul_bias_act")
     bare = [r for r in refused if not taken_later(trace, k, r)]  # clip-text's o_proj: FusedAttentionBlock takes it
     for lv in v.layers:
         if any(r.layer == lv.layer for r in bare):  # in its matmul's layer (`trace.REFUSAL_LAYER_RULE`)

@@ -281,8 +281,10 @@ def _check_drawing_and_panel(trace, v: RunVerdict) -> None:
         if lv.gap_only:  # its first gap, drawn `△` as the Graph tab's before pane draws it
             anchor = _check_gap_drawing(trace, lv.layer, g, ov)
             rep = node_report(g, anchor, trace)  # its gap's rule, a refusal `△` (a soft one: with its fusion)
-            rule = first_gap(trace, lv.layer, why_step(trace, lv.layer)).rule
-            said = [x for x in rep["decisions"] if x["rule"] == rule]
+            gap = first_gap(trace, lv.layer, why_step(trace, lv.layer))
+            # the gap's own places: another place of its rule that binds the node stands as its own (clip-text's %98,
+            # whose matmul fuse_attention_block takes: `taken later`, no gap)
+            said = [x for x in rep["decisions"] if x["rule"] == gap.rule and x.get("anchor", gap.at[0]) in gap.at]
             assert said and all(x["standing"] == OP_GAP_GROUP for x in said if "standing" in x), said
             if rep["layer"] == lv.layer:  # the panel's verdict is its node's layer's
                 assert rep["verdict"]["gaps"] == lv.op_gaps

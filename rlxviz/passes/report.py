@@ -291,17 +291,40 @@ def _in_regions(trace: Trace) -> set[int]:
             if m.fused is not None and m.fused in final for i in m.bindings.values()}
 
 
-def taken_later(trace: Trace, step: int, r: Rejection) -> bool:
-    """Whether a later pass fused a node of the refusal `r` (of step `step` of `trace`) that its rule names as settling
-    it (`Rule.taken_later`) into its product, an ElementwiseRegion aside: clip-text's bias added after the residual at
-    the attention's output projection, whose matmul FusedAttentionBlock takes after all. Such a place is no standing
-    miss, nor a standing gap in rlxviz's ops."""
+def taken_by(trace: Trace, step: int, r: Rejection) -> str:
+    """What a later pass did with a node of the refusal `r` (of step `step` of `trace`) that its rule names as
+    settling it (`Rule.taken_later`): `its matmul was fused later by fuse_attention_block into %148` when that pass
+    fused it into its product (an ElementwiseRegion aside: it fuses nothing a rule wanted), else "". clip-text's bias
+    added after the residual at the attention's output projection, whose matmul FusedAttentionBlock takes after all:
+    such a place is no standing miss, nor a standing gap in rlxviz's ops (`why.standing.standing`'s taken-later
+    group)."""
     p = STAGES.get(r.pass_name) or PASSES.get(r.pass_name)
     rule = next((x for x in (p.rules if p is not None else ()) if x.name == r.rule), None)
-    ids = {r.bindings[x] for x in (rule.taken_later if rule is not None else ()) if x in r.bindings}
-    return bool(ids) and any(
-        ids & {int(a) for a in s.after[m.fused].absorbed} for s in trace.steps[step + 1:]
-        if s.pass_name != REGION_PASS and not s.error for m in s.matches if m.fused is not None and m.fused in s.after)
+    ids = {r.bindings[x]: x for x in (rule.taken_later if rule is not None else ()) if x in r.bindings}
+    for s in trace.steps[step + 1:] if ids else ():
+        if s.pass_name == REGION_PASS or s.error:
+            continue
+        for m in s.matches:
+            if m.fused is None or m.fused not in s.after:
+                continue
+            took = next((i for i in s.after[m.fused].absorbed if int(i) in ids), None)
+            if took is not None:
+                before = trace.steps[step].before
+                what = before[int(took)].op if int(took) in before else ids[int(took)]
+                return f"its {what} was fused later by {s.pass_name} into %{m.fused}"
+    return ""
+
+
+def taken_later(trace: Trace, step: int, r: Rejection) -> bool:
+    """Whether a later pass took a node of the refusal `r` that settles it (`taken_by`)."""
+    return bool(taken_by(trace, step, r))
+
+
+def taken_places(trace: Trace) -> dict[tuple[str, int], str]:
+    """Each place (rule, anchor) of `trace` whose headline refusal a later pass took (`taken_by`) -> its words: the
+    places no view may call a near-miss or a gap (`why.facts.taken_places` keeps it per run)."""
+    return {(r.rule, r.anchor): w for k, s in enumerate(trace.steps) for r in s.rejections
+            if r.headline and (w := taken_by(trace, k, r))}
 
 
 def missed_fusions(source: Graph | Trace, pipeline: Pipeline | None = None) -> list[MissedFusion]:
@@ -382,4 +405,4 @@ def format_report(trace: Trace) -> str:
 
 
 __all__ = ["MissedFusion", "fix_line", "format_report", "in_context", "left_out", "left_out_line",
-           "left_out_rejections", "missed_fusions"]
+           "left_out_rejections", "missed_fusions", "taken_by", "taken_later", "taken_places"]

@@ -19,6 +19,7 @@ from ..made import remade_in_run
 from ..pipeline import PASSES, Pipeline
 from ..placement import outside_box
 from ..report import MissedFusion, missed_fusions
+from ..report import taken_places as _taken_places
 from ..trace import PassStep, Trace, layer_keys, layer_of
 from ..unrecognized import Unrecognized, unrecognized
 from .policy import PRODUCTS, makes_product, not_expected, places_words, recognizers
@@ -436,5 +437,14 @@ def recognized(trace: Trace) -> list[str]:
     return out
 
 
+def taken_places(trace: Trace) -> dict[tuple[str, int], str]:
+    """`report.taken_places` of `trace`, kept per run (`RunFacts.cache`): place (rule, anchor) -> `its matmul was
+    fused later by fuse_attention_block into %148`, the places whose standing is `policy.TAKEN_LATER_GROUP`."""
+    facts = RunFacts.of(trace)
+    if "taken" not in facts.cache:
+        facts.cache["taken"] = _taken_places(trace)
+    return facts.cache["taken"]
+
+
 __all__ = ["REMADE", "RunFacts", "Unmade", "illegal_here", "layer_indices", "made_by", "op_of", "recognized",
-           "remade_words", "silent"]
+           "remade_words", "silent", "taken_places"]

@@ -16,7 +16,7 @@ from ..trace import Rejection, Trace, place_label
 from .caveat import model_fix_note
 from .facts import RunFacts
 from .gap_words import GapNames, group_words, trait_worded
-from .policy import NOT_EXPECTED_HERE, gap_line, not_expected_line
+from .policy import NOT_EXPECTED_HERE, TAKEN_LATER_GROUP, gap_line, not_expected_line
 from .standing import place_gap_names, place_gaps, standing
 from .verdict import ILLEGAL_HERE_GROUP, OP_GAP_GROUP, LayerVerdict, RunVerdict
 
@@ -34,7 +34,8 @@ class Places:
             order: what a version chip counts as `✗`.
         excused: `standing` group -> one item per place that is no near-miss (hard or soft), in the run's order:
             its name (`trace.place_label`: its node path, `%ANCHOR` for none), and for a group whose reason differs
-            by place (`NOT_EXPECTED_HERE`, `OP_GAP_GROUP`, `ILLEGAL_HERE_GROUP`) `PATH: RULE (GUARD): why`, the place
+            by place (`NOT_EXPECTED_HERE`, `OP_GAP_GROUP`, `ILLEGAL_HERE_GROUP`, `TAKEN_LATER_GROUP`)
+            `PATH: RULE (GUARD): why`, the place
             named once as `near_miss_item` names it, a not-expected one's why as `explain` words it
             (`policy.not_expected_line` without its places: the guard's reason, then why; `policy.gap_line` for
             `OP_GAP_GROUP`: the reason, then the form rlxviz lacks and its compiler fix). The chip's faded `○`, but
@@ -154,7 +155,7 @@ def places(trace: Trace, step: int) -> Places:
             line = gap_line if group == OP_GAP_GROUP else not_expected_line
             item = f"{path}: {line(r.rule, r.guard, reason, why)}"  # its place named once: `path`
         else:
-            item = f"{path}: {r.rule} ({r.guard}): {why}" if group == ILLEGAL_HERE_GROUP else path
+            item = f"{path}: {r.rule} ({r.guard}): {why}" if group in (ILLEGAL_HERE_GROUP, TAKEN_LATER_GROUP) else path
         excused.setdefault(group, []).append(item)
         excused_at.setdefault(group, []).append(r.anchor)
     return Places(near, excused, excused_at, list(lacks), workaround)
@@ -194,9 +195,12 @@ def standing_mark(st: tuple[str, str] | None, gaps: GapNames = ()) -> str:
     each of `gaps`, the place's, where it ran into several, as the drawing's label does, `gap_words.group_words`:
     `△ 2 gaps in rlxviz's ops: its integer-matmul Q/K/V projections (integer_qkv), default_scale`), else
     `○ nothing to fix, GROUP` (`not expected here`, `lookalike`, `the model's own term`, `illegal here`, `does not
-    pay`)."""
+    pay`; `taken later` with what took it: `○ nothing to fix, taken later: its matmul was fused later by
+    fuse_attention_block into %148`, as the text's `taken later` line says it)."""
     if st is None:
         return "✗ near-miss"
+    if st[0] == TAKEN_LATER_GROUP:
+        return f"○ nothing to fix, {TAKEN_LATER_GROUP}: {st[1]}"
     if st[0] == OP_GAP_GROUP:
         return f"△ {group_words(OP_GAP_GROUP, gaps)}"
     return f"○ nothing to fix, {_NOTHING_TO_FIX.get(st[0], st[0])}"

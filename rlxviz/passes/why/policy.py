@@ -410,6 +410,9 @@ OP_GAP_GROUP = "gap in rlxviz's ops"
 """`standing`'s group of a refusal at a gap in rlxviz's ops (`op_gaps`): a not-expected refusal whose reason is an op
 form rlxviz lacks, not the model's layout. No near-miss, but no "nothing to fix" either: a compiler fix, nothing in the
 model to change (the app's chips mark it `△`, apart from the faded `○`; the text heads its line so, `gap_line`)."""
+TAKEN_LATER_GROUP = "taken later"
+"""`standing`'s group of a refusal whose candidate a later pass fused after all (`report.taken_by`: clip-text's linear
+refused for its bias after the residual, its matmul taken by fuse_attention_block): no near-miss, nor a gap."""
 WORKAROUND = "a workaround in the model: {fix}"
 """How a refusal at a gap in rlxviz's ops names a checked change to the model (`caveat.model_fix_note`): after its
 compiler fix, as a workaround, never as the fix (Granite's attention scale: the block lacks a scale attribute)."""
@@ -578,7 +581,8 @@ def expected_products(arch: LayerKind) -> list[str]:
 
 
 __all__ = ["COMPILER_FIX_WORDS", "EXPECT_MODES", "FAMILIES", "ILLEGAL_HERE", "KINDS", "NOTHING_TO_CHANGE",
-           "NOT_EXPECTED_FIX", "NOT_EXPECTED_HERE", "NOT_EXPECTED_WHY", "OP_GAP_GROUP", "PRODUCTS", "TRAITS",
+           "NOT_EXPECTED_FIX", "NOT_EXPECTED_HERE", "NOT_EXPECTED_WHY", "OP_GAP_GROUP", "PRODUCTS", "TAKEN_LATER_GROUP",
+           "TRAITS",
            "GAP_WHY_HEAD", "LayerKind", "Remedied", "check_declarations", "compiler_fix_only", "excuse",
            "expected_of_words", "expected_products", "first_refusal", "fix_gap_form", "gap_line", "gap_names",
            "gap_sources", "gap_words", "lacks_product", "layer_pass", "makes_product", "not_expected",

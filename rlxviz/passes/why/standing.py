@@ -12,9 +12,18 @@ import operator
 from ..architecture import classify_layer
 from ..trace import Rejection, Trace
 from .caveat import caveat_words, fix_blocker, line_caveats
-from .facts import RunFacts
+from .facts import RunFacts, taken_places
 from .kinds import LayerArchitecture as Architecture
-from .policy import ILLEGAL_HERE, NOT_EXPECTED_HERE, excuse, gap_names, not_expected_fix, op_gaps, with_caveat
+from .policy import (
+    ILLEGAL_HERE,
+    NOT_EXPECTED_HERE,
+    TAKEN_LATER_GROUP,
+    excuse,
+    gap_names,
+    not_expected_fix,
+    op_gaps,
+    with_caveat,
+)
 from .verdict import ILLEGAL_HERE_GROUP, OP_GAP_GROUP, judged_kind, layer_verdict
 
 
@@ -41,8 +50,15 @@ def standing(trace: Trace, r: Rejection) -> tuple[str, str] | None:
     A not-expected refusal at a gap in rlxviz's ops (`policy.op_gaps`, what `LayerVerdict.op_gaps` lists) stands in
     `OP_GAP_GROUP`: a compiler fix, not "nothing to fix".
 
+    A place whose candidate a later pass fused after all (`report.taken_by`: clip-text's out_proj refused for its
+    bias after the residual, its matmul then taken by fuse_attention_block) stands in `policy.TAKEN_LATER_GROUP`,
+    whatever its refusal's own kind: no near-miss, nor a gap (the verdict neither counts it nor lists its gap).
+
     A further failing guard of a candidate (`Rejection.headline` False) stands as its candidate's headline does:
     pass the headline (`places` does)."""
+    taken = taken_places(trace).get((r.rule, r.anchor))
+    if taken:
+        return TAKEN_LATER_GROUP, taken
     layer = r.layer
     arch, ex, gaps = _excused(trace, r)
     if ex is not None and ex[0] == NOT_EXPECTED_HERE and arch is not None:

@@ -82,6 +82,11 @@ ALSO_REJECTED_NOT_COUNTED = ("a near-miss (the app's chips mark it ✗), not cou
 no product the layer misses (float16's where-mask that `canonicalize_exported.where_bias` refuses: the attention
 still fuses, keeping the mask as the model's own term), so the layer is fused all the same."""
 
+TAKEN_LATER_STANDING = "not a near-miss, nor a gap in rlxviz's ops: not counted against the layer"
+"""The standing a layer's `taken later` line ends with (`LayerVerdict.taken`): a place refused, whose candidate a
+later pass fused after all (clip-text's out_proj: its matmul fused later by fuse_attention_block), so nothing is
+missed there and no gap stands; `explain -v`'s rule line marks it `○ nothing to fix, taken later: ...` alike."""
+
 OUTSIDE_LAYERS = "outside the layers"
 """The heading of the line after the layers' that lists the fused ops credited to no layer (`RunVerdict.outside`,
 `placement.match_layer`: the embeddings' ops, a pooler's, the model's final norm)."""
@@ -256,6 +261,8 @@ def render_layer(v: LayerVerdict, verbose: bool = False) -> str:
         lines.insert(1, f"  {REWRITTEN_AS}: {fused_list(v.rewritten)}")
     if v.fused and not v.legal_only:  # a fused layer can still hold a counted refusal (a form a rule declined)
         lines += [also_rejected_line(o, counted=False) for o in v.rejections]
+    if v.fused:  # a place a later pass took after all: neither a near-miss nor a gap (`standing`'s `taken later`)
+        lines += taken_later_lines(v)
     if not v.bert_style or v.legal_only:
         lines.append(f"  layer kind: {v.architecture.description}")
         gaps = v.layer_op_gaps
@@ -283,6 +290,13 @@ def also_rejected_line(o: Outcome, counted: bool) -> str:
     (not recognized); a near-miss (the app's chips mark it ✗), not counted against the layer: ...`."""
     return (f"  also rejected: {o.rule}: {o.guard} ({o.kind}); "
             f"{ALSO_REJECTED_COUNTED if counted else ALSO_REJECTED_NOT_COUNTED}")
+
+
+def taken_later_lines(v: LayerVerdict) -> list[str]:
+    """A layer's `taken later` lines, one per place of `LayerVerdict.taken`, e.g. `  taken later:
+    fuse_matmul_bias_act.bias_after_residual: bias_after_residual (not recognized) @ %98: its matmul was fused later
+    by fuse_attention_block into %148; not a near-miss, ...` (`TAKEN_LATER_STANDING`)."""
+    return [f"  taken later: {x}; {TAKEN_LATER_STANDING}" for x in v.taken]
 
 
 def not_fused_words(v: LayerVerdict) -> str:
@@ -314,6 +328,7 @@ def _not_fused(v: LayerVerdict) -> list[str]:
     elif v.silent:
         lines.append(f"  no rejection: {v.silent}")
     lines += [also_rejected_line(o, counted=True) for o in v.rejections if o is not v.first]
+    lines += taken_later_lines(v)
     shown = {(o.rule, o.guard) for o in v.rejections} | ({(v.first.rule, v.first.guard)} if v.first else set())
     lines += [f"  also missed: {m}" for m in v.missed if not m.pattern.startswith("unrecognized.")
               and (m.pattern, m.guard) not in shown]  # e.g. a fusion that left its activation out (a soft guard)
@@ -493,7 +508,8 @@ def _left_out(r: RunVerdict) -> list[str]:
             for ln in (f"{left_out_heading(g, len(lines))}:", *(f"  {x}" for x in lines))]
 
 
-__all__ = ["ALSO_REJECTED_COUNTED", "ALSO_REJECTED_NOT_COUNTED", "also_rejected_line",
+__all__ = ["ALSO_REJECTED_COUNTED", "ALSO_REJECTED_NOT_COUNTED", "TAKEN_LATER_STANDING", "also_rejected_line",
+           "taken_later_lines",
            "FUSED_AS_FAR_AS_OPS", "GAP_HAS_A_WORKAROUND", "GAP_IS_THE_COMPILERS", "GROUP_OVER", "PATTERNS",
            "gap_status", "held_words",
            "HELD_BACK_BY_LEGAL_AND_OPS", "HELD_BACK_BY_OPS", "NOTHING_TO_FUSE", "NO_FUSED_OP", "OUTSIDE_LAYERS",

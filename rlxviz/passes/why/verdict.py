@@ -21,7 +21,7 @@ from ..report import MissedFusion, left_out_line, left_out_rejections
 from ..trace import Rejection, Trace, resolve_layers, same_stack_as
 from . import text
 from .excused import OpGap, excused_misses, expected_misses, layer_gaps, outside_refusals, places_words
-from .facts import RunFacts, Unmade, fused_items, illegal_here, made_by, outside_items, recognized, silent
+from .facts import RunFacts, Unmade, fused_items, illegal_here, made_by, outside_items, recognized, silent, taken_places
 from .kinds import LayerArchitecture
 from .policy import (
     EXPECT_MODES,
@@ -29,6 +29,7 @@ from .policy import (
     NOT_EXPECTED_HERE,
     OP_GAP_GROUP,
     PRODUCTS,
+    TAKEN_LATER_GROUP,
     excuse,
     first_refusal,
     layer_pass,
@@ -51,9 +52,10 @@ rejection), a place that keeps the model's own term (`guard.MODEL_TERM`), nodes 
 (`guard.NOT_A_CANDIDATE`), and the tool's own cost test's refusals (`guard.DOES_NOT_PAY`: nothing to fix)."""
 
 ILLEGAL_HERE_GROUP = "illegal here"
-STANDING_GROUPS = (MODEL_TERM, NOT_A_CANDIDATE, DOES_NOT_PAY, NOT_EXPECTED_HERE, OP_GAP_GROUP, ILLEGAL_HERE_GROUP)
+STANDING_GROUPS = (*LEFT_OUT_GROUPS[1:], NOT_EXPECTED_HERE, OP_GAP_GROUP, ILLEGAL_HERE_GROUP, TAKEN_LATER_GROUP)
 """The groups of `standing`: why a refusal is no near-miss (`policy.excuse`'s groups, `OP_GAP_GROUP` for a gap in
-rlxviz's ops, `ILLEGAL_HERE_GROUP` for a refusal illegal for its layer, `LayerVerdict.illegal`)."""
+rlxviz's ops, `ILLEGAL_HERE_GROUP` for a refusal illegal for its layer, `LayerVerdict.illegal`, `TAKEN_LATER_GROUP`
+for a place a later pass took after all, `LayerVerdict.taken`)."""
 
 
 def left_out_group(r: Rejection) -> str:
@@ -146,6 +148,7 @@ class LayerVerdict:
     unmade: list[Unmade] = field(default_factory=list)
     """`cannot_make` as data (`facts.Unmade`: the pass the pipeline lacks, the product, its places)."""
     gap_refusals: list[str] = field(default_factory=list)  # the lines of the refusals at `gaps` (`policy.gap_line`)
+    taken: list[str] = field(default_factory=list)  # `RULE: GUARD (KIND) @ %N: its matmul was fused later by ...`
 
     @property
     def op_gaps(self) -> list[str]:
@@ -250,9 +253,7 @@ class LayerVerdict:
     def reason(self) -> str:
         """One line on why the layer did not fuse ("" when it fused): the first rejection's message, else why the
         expected rule never saw the layer."""
-        if self.fused:
-            return ""
-        return (self.first.message if self.first is not None else self.silent).split("\n")[0]
+        return "" if self.fused else (self.first.message if self.first is not None else self.silent).split("\n")[0]
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form (outcomes and the architecture as dicts)."""
@@ -495,19 +496,19 @@ def _layer_verdict(facts: RunFacts, layer: int, expect: str) -> LayerVerdict:
         ftl_excused is None
     ftl = facts.layer_products().get(layer, [])
     miss_keys = {(m.pattern, m.node) for m in misses}
-    rejected = [o for o in ex.rejected if o.rule not in skipped and near_miss_kind(o.kind, o.remedy)]
+    took = {o: w for o in ex.rejected if o.nodes and (w := taken_places(trace).get((o.rule, o.nodes[0])))}
+    rejected = [o for o in ex.rejected if o.rule not in skipped and near_miss_kind(o.kind, o.remedy) and o not in took]
     surviving = [o for o in rejected if any((o.rule, a) in miss_keys for a in o.nodes)]
     fused = (bool(ftl) or not expect_ftl) and not misses
     first = None if fused else first_refusal(surviving or rejected, own, arch)
-    quiet = ""
     if first is None and not fused and expect_ftl and not ftl and layer_pass_name in crashed and lp is not None:
         rule = lp.rules[0].name if lp.rules else layer_pass_name
         first = Outcome(layer_pass_name, rule, "rejected", "pass_crashed", "crash",
                         f"the pass crashed and its result was discarded: "
                         f"{str(crashed[layer_pass_name]).splitlines()[0]}",
                         "an internal error in rlxviz: report it with the IR (`rlxviz ir MODEL`)")
-    if first is None and not fused and expect_ftl and not ftl and not misses:
-        quiet = silent(trace, layer, layer_pass_name)
+    quiet = (silent(trace, layer, layer_pass_name) if first is None and not fused and expect_ftl and not ftl
+             and not misses else "")
     if first is None and not fused and misses:
         m = misses[0]
         first = Outcome(m.pattern.split(".")[0], m.pattern, "rejected", m.guard, "", m.reason, m.hint, (m.node,),
@@ -536,7 +537,8 @@ def _layer_verdict(facts: RunFacts, layer: int, expect: str) -> LayerVerdict:
                         [str(m) for m in misses], ex.sibling, ex.sibling_rule, list(ex.differences), ex.render(False),
                         done, [t for k, t in ignored.items() if k[0] not in legal and k not in at_gap],
                         _blocker(first, made), illegal, cannot, expect, misses, rewritten, gaps, unmade_here,
-                        [t for k, t in ignored.items() if k[0] not in legal and k in at_gap])
+                        [t for k, t in ignored.items() if k[0] not in legal and k in at_gap],
+                        [f"{o.rule}: {o.guard} ({o.kind}) @ %{o.nodes[0]}: {w}" for o, w in took.items()])
 
 
 def _blocker(first: Outcome | None, made: set[tuple[str, str]]) -> str:
@@ -556,9 +558,7 @@ def verdict_pass(trace: Trace, layer: int) -> str | None:
     (an `unrecognized.*` finding). The drawing's "why" side reads this, so the picture beside the text is always
     the text's rejection."""
     first = layer_verdict(trace, layer).first
-    if first is None or first.pass_name not in {s.pass_name for s in trace.steps}:
-        return None
-    return first.pass_name
+    return None if first is None or first.pass_name not in {s.pass_name for s in trace.steps} else first.pass_name
 
 
 def why_step(trace: Trace, layer: int) -> int | None:
