@@ -77,7 +77,8 @@ def test_granite_keeps_its_non_default_scale():
 
 @pytest.mark.parametrize("path, keeps", [
     (EAGER, "a workaround, not offered: moving that mul after the RoPE changes the numbers at rounding level only "
-            "(0.353553 is not a power of two, though RoPE is linear), and rlxviz has no check for that change)"),
+            "(0.353553 is not a power of two, though RoPE is linear), by reasoning, not measured: rlxviz has no "
+            "check for that change)"),
     (QDYN, "a workaround in the model, not needed: moving that mul after the RoPE would keep the numbers exactly here: "
            "0.25 is a power of two and RoPE is linear)"),
 ], ids=["eager", "qdyn"])

@@ -34,7 +34,8 @@ OFFERED = re.compile(r"fold the scale into q \(matmul, node \d+\): multiply its 
                      r"power of two\)$")
 NOT_OFFERED = ("a workaround, not offered: adding the bias before the residual ((x @ w + bias) + skip, the order "
                "FusedTransformerLayer computes) changes the numbers at rounding level only (it rounds differently "
-               "from the file's (x @ w + skip) + bias), and rlxviz has no check for that change")
+               "from the file's (x @ w + skip) + bias), by reasoning, not measured: rlxviz has no check for that "
+               "change")
 ROUNDING_ONLY = "changes the numbers at rounding level only"  # `refusal_kinds.ROUNDING_ONLY`, pinned here
 UNKNOWN = ("unknown", "is known to make", "no change keeps every number", "the same numbers up to rounding")
 

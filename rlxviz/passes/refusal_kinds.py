@@ -73,12 +73,13 @@ change, and a checked fix's line (`scale_fold.fold_hint`) where it can; `session
 def rounding_not_offered(change: str, reason: str = "") -> str:
     """The words of a model change that would keep the numbers up to rounding only but that rlxviz has no what-if to
     check (`passes.whatif`): `a workaround, not offered: CHANGE changes the numbers at rounding level only
-    (REASON), and rlxviz has no check for that change`. The same words on every model for every such form, so no view
-    calls one form offered on one model and unknown on another; a change rlxviz can check is offered as a fix instead
-    (the scale fold). `reason` (no parentheses) says why the numbers round differently; "" for none."""
+    (REASON), by reasoning, not measured: rlxviz has no check for that change`. The same words on every model for every
+    such form, so no view calls one form offered on one model and unknown on another; a change rlxviz can check is
+    offered as a fix instead, with its measured error (the scale fold), and one it cannot says it was not measured.
+    `reason` (no parentheses) says why the numbers round differently; "" for none."""
     why = f" ({reason})" if reason else ""
-    return (f"a workaround, not offered: {change} {ROUNDING_ONLY}{why}, and rlxviz has no check for that "
-            "change")
+    return (f"a workaround, not offered: {change} {ROUNDING_ONLY}{why}, by reasoning, not measured: rlxviz has no "
+            "check for that change")
 
 
 DEAD_READER_KIND = "illegal as it stands: its extra reader is dead code"
