@@ -138,7 +138,7 @@ def test_a_near_miss_in_a_box_outside_the_layers_keeps_it_partly_fused():
     r = next(x for s in t.steps for x in s.rejections if x.near_miss)
     g = t.final
     box = LayerGroup("g_pooler", "pooler", None, [n for n in g if n.op.value == "FusedMatMulBiasAct"][:1])
-    outside = replace(r, path="pooler")  # a refusal in no layer
+    outside = replace(r, path="pooler", layer_path="pooler")  # a refusal in no layer (its matmul's path too)
     assert outside.layer is None
     near = Overlay(rejections=(outside,))
     assert outside_status(box, near, {r.anchor: "g_pooler"}) == "partly fused"
