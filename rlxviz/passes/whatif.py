@@ -30,6 +30,7 @@ from typing import Any
 from ..ir import Graph, GraphError, Node, Op
 from ..ir.ops import ACTIVATIONS, EPILOGUE_ACTIVATIONS
 from ..ir.rewrite import Rewriter
+from .allow_list import allowing, epilogue_allowed
 from .engine import attempt
 from .guard import ILLEGAL, NO_MODEL_FIX, NOT_PROFITABLE, UNCHECKED_FIX, Ctx, Guard, live_nodes
 from .pipeline import PASSES, STAGES, Pipeline
@@ -318,12 +319,87 @@ def _passed(step: Any, guard: str) -> Any:
     return passed
 
 
-def _fixed_attempt(trace: Trace, step: int, r: Rejection) -> tuple[Rule, Ctx, list[Blocker], list[Fail]] | None:
+Attempt = tuple[Rule, Ctx, list[Blocker], list[Fail], bool]
+"""`_fixed_attempt`'s answer: `(the rule as tried, its bound context, the failures that remain, the same as the
+engine's Fails, whether it comes from a re-run of the pipeline: its ids are then that run's, not the step's)`."""
+
+_ALLOW_FIX = re.compile(r"add (\w+) to the epilogue allow-list\b")
+_RERUNS: dict[tuple[int, int, str], tuple[Trace, Trace | None]] = {}
+"""`(id(trace), step, activation) -> (trace, its re-run)` for `_allowed_run`: kept while the trace is (a few)."""
+
+
+def allow_list_fix(r: Rejection) -> str | None:
+    """The activation (an op name) that `r`'s compiler fix adds to the epilogue allow-list (`add gelu_tanh to the
+    epilogue allow-list (...)`), or None when the fix is no such extension (another fix; an activation that is no op
+    of rlxviz, `add quick_gelu ..., with an op for it`; one the list already holds)."""
+    m = _ALLOW_FIX.match(r.fix or "")
+    name = m.group(1) if m is not None else None
+    return name if name in {a.value for a in ACTIVATIONS} and name not in epilogue_allowed() else None
+
+
+def _allowed_run(trace: Trace, step: int, name: str) -> Trace | None:
+    """The run's passes up to `trace.steps[step]`'s, with its parameters, on its input graph, with `name` on the
+    epilogue allow-list (`allow_list.allowing`, scoped to this run); None when that run fails. Made once per trace,
+    step and activation."""
+    key = (id(trace), step, name)
+    got = _RERUNS.get(key)
+    if got is not None and got[0] is trace:
+        return got[1]
+    base = run_pipeline_of(trace)
+    try:
+        with allowing(name):
+            after: Trace | None = Pipeline.of_steps([s.pass_name for s in trace.steps[:step + 1]], dict(base.params),
+                                                    base.name).run(trace.input)
+    except Exception:  # noqa: BLE001 - a pass that breaks on the what-if graph: nothing is known
+        after = None
+    if len(_RERUNS) >= 8:
+        _RERUNS.pop(next(iter(_RERUNS)))
+    _RERUNS[key] = (trace, after)
+    return after
+
+
+def _allowed_attempt(trace: Trace, step: int, r: Rejection, name: str) -> Attempt | None:
+    """`r`'s compiler fix made for real where it extends the epilogue allow-list (`allow_list_fix`): the pipeline
+    re-run with `name` allow-listed (`_allowed_run`: `fuse_matmul_bias_act` takes the activation into fc1's epilogue,
+    so no failure about the still separate activation, `fc2_is_fused_linear` at fc1, hides what comes next), and
+    `r`'s rule tried at its candidate of `r`'s layer there (the refusal at `r`'s anchor, else the layer's first).
+    `(.., [], [], True)` when the rule fused in that layer; None when nothing is known (the run failed, the rule has
+    no candidate there, or `r.guard` refuses it again: the fix does not reach it, as for a bias-less fc1)."""
+    after = _allowed_run(trace, step, name)
+    if after is None or len(after.steps) <= step or after.steps[step].pass_name != trace.steps[step].pass_name:
+        return None
+    s = after.steps[step]
+    p = STAGES.get(s.pass_name) or PASSES.get(s.pass_name)
+    rule = next((x for x in (p.rules if p is not None else ()) if x.name == r.rule), None)
+    if rule is None:
+        return None
+    hits = [x for x in s.rejections if x.rule == r.rule and x.headline and not x.soft and x.layer == r.layer]
+    hit = next((x for x in hits if x.anchor == r.anchor), hits[0] if hits else None)
+    if hit is None:
+        fused = any(m.rule == r.rule and m.layer == r.layer for m in s.matches)
+        return (rule, Ctx(s.after, {}), [], [], True) if fused else None
+    if hit.guard == r.guard:
+        return None
+    try:
+        with allowing(name):
+            ctx, fails = attempt(rule, s.before, hit.anchor, s.params)
+    except Exception:  # noqa: BLE001 - a step that raises: nothing is known of what follows
+        return None
+    kept = [f for f in fails if not f.quiet]
+    left = [(f.guard, f.kind, f.message) for f in kept] or [(hit.guard, hit.kind, hit.message)]
+    return rule, ctx, left, kept, True
+
+
+def _fixed_attempt(trace: Trace, step: int, r: Rejection) -> Attempt | None:
     """`r`'s rule tried again at `r.anchor` with `r`'s guard taken as passed (`without_guard`'s what-if at its rule
-    alone): `(the rule as tried, its bound context, the failures that remain, the same as the engine's Fails)`, or
-    None when nothing is known."""
+    alone): an `Attempt`, or None when nothing is known. A fix that extends the epilogue allow-list is made for real
+    instead (`_allowed_attempt`: passing the guard alone leaves the activation a separate node, whose consequences
+    would hide what fails next), falling back to passing the guard when that says nothing."""
     if r.soft or r.stage != "guard":
         return None
+    name = allow_list_fix(r)
+    if name is not None and (got := _allowed_attempt(trace, step, r, name)) is not None:
+        return got
     s = trace.steps[step]
     p = STAGES.get(s.pass_name) or PASSES.get(s.pass_name)
     rule = next((x for x in (p.rules if p is not None else ()) if x.name == r.rule), None)
@@ -358,7 +434,7 @@ def _fixed_attempt(trace: Trace, step: int, r: Rejection) -> tuple[Rule, Ctx, li
             continue
         left.append((f.guard, f.kind, f.message))
         kept.append(f)
-    return fixed, ctx, left, kept
+    return fixed, ctx, left, kept, False
 
 
 def _taken(trace: Trace, step: int, r: Rejection, rule: Rule, ctx: Ctx) -> Blocker | None:
@@ -395,7 +471,7 @@ def _taken(trace: Trace, step: int, r: Rejection, rule: Rule, ctx: Ctx) -> Block
     claimed: dict[int, Rejection] = {}
     for o in sorted((earlier[a] for a in near), key=lambda o: order[o.anchor]):
         got = _fixed_attempt(trace, step, o)
-        if got is None or got[2]:
+        if got is None or got[2] or got[4]:  # a re-run's ids are not the step's
             continue
         theirs = {got[1].id(x) for x in got[0].absorbed(got[1]) if x not in got[0].shared}
         if not theirs & claimed.keys():
@@ -423,8 +499,8 @@ def without_guard(trace: Trace, step: int, r: Rejection) -> list[Blocker] | None
     got = _fixed_attempt(trace, step, r)
     if got is None:
         return None
-    rule, ctx, left, _ = got
-    if not left and (taken := _taken(trace, step, r, rule, ctx)) is not None:
+    rule, ctx, left, _, rerun = got
+    if not left and not rerun and (taken := _taken(trace, step, r, rule, ctx)) is not None:
         left.append(taken)
     return left
 
@@ -452,7 +528,7 @@ def fix_alone_readers(trace: Trace, step: int, r: Rejection) -> tuple[int, ...]:
     an attention output: `attn_single_user`), in the graph `r`'s pass saw; () when nothing stands, nothing is known
     or the failure highlights no reader. What `why.caveat.fix_blocker` says reads the value there."""
     got = _fixed_attempt(trace, step, r)
-    if got is None or not got[3]:
+    if got is None or not got[3] or got[4]:  # a re-run's ids are not those of the graph `r`'s pass saw
         return ()
     f = got[3][0]
     return tuple(dict.fromkeys(b for a, b in f.edges if a == f.subject or f.subject is None))
@@ -498,8 +574,7 @@ def fused_more(before: Trace, after: Trace, r: Rejection) -> bool:
     return made > 0
 
 
-__all__ = ["EXACT_WHAT_IFS", "FORMS", "GENERIC_WHAT_IFS", "MODEL", "MODEL_WHAT_IFS", "PIPELINE", "STATEMENT", "Change",
-           "WhatIf",
-           "Blocker", "blocker_words", "fix_alone_blocker", "fix_alone_fail", "fix_form", "fused_count", "fused_more",
-           "refused_count",
-           "remove_dead_readers", "run_pipeline_of", "still_refused", "what_if", "without_guard"]
+__all__ = ["Attempt", "Blocker", "Change", "EXACT_WHAT_IFS", "FORMS", "GENERIC_WHAT_IFS", "MODEL", "MODEL_WHAT_IFS",
+           "PIPELINE", "STATEMENT", "WhatIf", "allow_list_fix", "blocker_words", "fix_alone_blocker", "fix_alone_fail",
+           "fix_alone_readers", "fix_form", "fused_count", "fused_more", "refused_count", "remove_dead_readers",
+           "run_pipeline_of", "still_refused", "what_if", "without_guard"]

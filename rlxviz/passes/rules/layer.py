@@ -35,6 +35,7 @@ from dataclasses import replace
 from ...ir import Graph, Op
 from ...ir.ops import ACTIVATIONS, ELEMENTWISE, operand_roles
 from ..activations import activation_of
+from ..allow_list import epilogue_allowed
 from ..engine import rule_pass
 from ..guard import (
     COMPILER_ONLY,
@@ -303,7 +304,7 @@ def _act_fix(c: Ctx) -> str:
 @reports("fc1_activation", reads=("fc1",))
 def _fc1_activation(c: Ctx) -> Fail | None:
     """FFN.1's activation is on the epilogue allow-list (FusedTransformerLayer applies it in the FC1 epilogue)."""
-    if c["fc1"].attrs.get("activation") in EPILOGUE_ACTIVATIONS:
+    if c["fc1"].attrs.get("activation") in epilogue_allowed():
         return None
     shown = tuple(u.id for u in c.users("fc1")) + (c.id("fc1"),)
     return Fail("guard", "fc1_activation", _explain_act(c), shown, (),

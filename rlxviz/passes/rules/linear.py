@@ -34,6 +34,7 @@ from ...ir import Graph, Node, Op, Rewriter
 from ...ir.infer import TensorType
 from ...ir.ops import ACTIVATIONS
 from ..activations import SQUARED_RELU, activation_of, owns_users
+from ..allow_list import epilogue_allowed
 from ..engine import rule_pass, same_for_readers
 from ..guard import (
     COMPILER_ONLY,
@@ -130,7 +131,7 @@ def _epilogue(c: Ctx) -> Fail | None:
     act = users[0]
     if moves:
         return _through_fail(c, moves, act)
-    if act.op.value not in EPILOGUE_ACTIVATIONS:
+    if act.op.value not in epilogue_allowed():
         return Fail("guard", "epilogue_activation",
                     f"{c.d('add')} feeds {act.op.value} (node {act.id}); the epilogue allow-list is "
                     f"{', '.join(EPILOGUE_ACTIVATIONS)}, so the linear is fused without activation",
@@ -174,7 +175,7 @@ def _through_fail(c: Ctx, moves: tuple[Node, ...], act: Node) -> Fail:
     chain = (c.id("add"), *(m.id for m in moves), act.id)
     edges = tuple(zip(chain, chain[1:], strict=False))
     name = act.op.value
-    listed = name in EPILOGUE_ACTIVATIONS
+    listed = name in epilogue_allowed()
     why = ("the epilogue takes an activation only as the bias add's own reader" if listed else
            f"the epilogue allow-list is {', '.join(EPILOGUE_ACTIVATIONS)}, and it takes an activation only as the "
            f"bias add's own reader")

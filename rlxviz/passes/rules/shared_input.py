@@ -16,10 +16,10 @@ are `[N_i]` vectors concatenated in the same order; a member without a bias gets
 from __future__ import annotations
 
 from ...ir import Graph, Node, Op, Rewriter
+from ..allow_list import epilogue_allowed
 from ..engine import rule_pass
 from ..guard import (
     DOES_NOT_PAY,
-    EPILOGUE_ACTIVATIONS,
     ILLEGAL,
     NOT_PROFITABLE,
     NOT_RECOGNIZED,
@@ -68,7 +68,7 @@ def _epilogue_of(g: Graph, mm: Node) -> Node | None:
     if g.is_output(v):
         return None
     us = g.users(v)
-    act = us[0] if len(us) == 1 and us[0].op.value in EPILOGUE_ACTIVATIONS else None
+    act = us[0] if len(us) == 1 and us[0].op.value in epilogue_allowed() else None
     if act is not None and v == mm.id and any(u.op == Op.MUL for u in g.users(act.id)):
         return None  # a bias-less gate: zero_bias_act leaves it (`_not_gate`)
     return act
