@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from bokeh.models import Div, LabelSet, Whisker
 from bokeh.plotting import figure as Figure  # noqa: N812 - the class the plots are
+from timed_versions import timed
 
 from rlxviz.app.timeproc import force_busy
 from rlxviz.app.timingchart import (
@@ -24,14 +25,6 @@ from rlxviz.app.timingchart import (
     timing_figure,
 )
 from rlxviz.session import VersionTiming, timing_table
-
-
-def timed(i: int, label: str, samples) -> VersionTiming:
-    """A version timed in `samples` (ms, round order: round r of every version ran back to back)."""
-    s = [float(x) for x in samples]
-    q1, q3 = np.percentile(s, [25, 75])
-    return VersionTiming(i, label, 10 - i, median_ms=float(np.median(s)), min_ms=min(s), first_call_ms=5.0,
-                         max_abs=1e-7, err_unfused=0.0, ok=True, iqr_ms=float(q3 - q1), samples_ms=tuple(s))
 
 
 def noisy_minilm() -> list[VersionTiming]:

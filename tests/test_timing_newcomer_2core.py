@@ -12,6 +12,7 @@ import re
 import numpy as np
 import pytest
 from bokeh.models import LabelSet
+from timed_versions import timed
 
 from rlxviz.app.timingchart import (
     FASTER_COLOR,
@@ -37,14 +38,6 @@ from rlxviz.session.timing import (
     speedup_shown,
     speedup_text,
 )
-
-
-def timed(i: int, label: str, samples) -> VersionTiming:
-    """A version timed in `samples` (ms, round order: round r of every version ran back to back)."""
-    s = [float(x) for x in samples]
-    q1, q3 = np.percentile(s, [25, 75])
-    return VersionTiming(i, label, 10 - min(i, 9), median_ms=float(np.median(s)), min_ms=min(s), first_call_ms=5.0,
-                         max_abs=1e-7, err_unfused=0.0, ok=True, iqr_ms=float(q3 - q1), samples_ms=tuple(s))
 
 
 def busy_versions(seed: int) -> list[VersionTiming]:

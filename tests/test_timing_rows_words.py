@@ -9,6 +9,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import numpy as np
+from timed_versions import timed
 
 from rlxviz.app.timeproc import force_busy
 from rlxviz.app.timingchart import (
@@ -27,14 +28,6 @@ from rlxviz.session.lowerings import fusion_and_kernels_of
 from rlxviz.session.timing import OWN_LOWERING_LABEL, speedup_text
 from rlxviz.session.timing_text import format_timings, json_speedup
 from rlxviz.session.timing_words import KERNELS_MARK, lowering_note, unchanged_text
-
-
-def timed(i: int, label: str, samples) -> VersionTiming:
-    """A version timed in `samples` (ms, round order)."""
-    s = [float(x) for x in samples]
-    q1, q3 = np.percentile(s, [25, 75])
-    return VersionTiming(i, label, 10 - i, median_ms=float(np.median(s)), min_ms=min(s), first_call_ms=5.0,
-                         max_abs=1e-7, err_unfused=0.0, ok=True, iqr_ms=float(q3 - q1), samples_ms=tuple(s))
 
 
 def falcon_like(seed: int = 0) -> tuple[list[VersionTiming], frozenset[int]]:
