@@ -369,8 +369,7 @@ def _allowed_attempt(trace: Trace, step: int, r: Rejection, name: str) -> Attemp
     if after is None or len(after.steps) <= step or after.steps[step].pass_name != trace.steps[step].pass_name:
         return None
     s = after.steps[step]
-    p = STAGES.get(s.pass_name) or PASSES.get(s.pass_name)
-    rule = next((x for x in (p.rules if p is not None else ()) if x.name == r.rule), None)
+    rule = _rule(s.pass_name, r.rule)
     if rule is None:
         return None
     hits = [x for x in s.rejections if x.rule == r.rule and x.headline and not x.soft and x.layer == r.layer]
@@ -390,6 +389,12 @@ def _allowed_attempt(trace: Trace, step: int, r: Rejection, name: str) -> Attemp
     return rule, ctx, left, kept, True
 
 
+def _rule(pass_name: str, name: str) -> Rule | None:
+    """The rule `name` of the pass or stage `pass_name` (`STAGES`, `PASSES`), or None when it has none of that name."""
+    p = STAGES.get(pass_name) or PASSES.get(pass_name)
+    return next((x for x in (p.rules if p is not None else ()) if x.name == name), None)
+
+
 def _fixed_attempt(trace: Trace, step: int, r: Rejection) -> Attempt | None:
     """`r`'s rule tried again at `r.anchor` with `r`'s guard taken as passed (`without_guard`'s what-if at its rule
     alone): an `Attempt`, or None when nothing is known. A fix that extends the epilogue allow-list is made for real
@@ -401,8 +406,7 @@ def _fixed_attempt(trace: Trace, step: int, r: Rejection) -> Attempt | None:
     if name is not None and (got := _allowed_attempt(trace, step, r, name)) is not None:
         return got
     s = trace.steps[step]
-    p = STAGES.get(s.pass_name) or PASSES.get(s.pass_name)
-    rule = next((x for x in (p.rules if p is not None else ()) if x.name == r.rule), None)
+    rule = _rule(s.pass_name, r.rule)
     if rule is None:
         return None
     steps = tuple(_passed(st, r.guard) for st in rule.steps)
