@@ -28,6 +28,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ..ir import Graph, GraphError, Node, Op
+from ..ir.identity import DigestCache
 from ..ir.ops import ACTIVATIONS, EPILOGUE_ACTIVATIONS
 from ..ir.rewrite import Rewriter
 from .allow_list import allowing, epilogue_allowed
@@ -324,7 +325,8 @@ Attempt = tuple[Rule, Ctx, list[Blocker], list[Fail], bool]
 engine's Fails, whether it comes from a re-run of the pipeline: its ids are then that run's, not the step's)`."""
 
 _ALLOW_FIX = re.compile(r"add (\w+) to the epilogue allow-list\b")
-_RERUNS: dict[tuple[int, int, str], tuple[Trace, Trace | None]] = {}
+_RERUNS: DigestCache[dict[tuple[int, str], Trace | None]] = DigestCache(limit=4)
+"""Per trace (by its digest): (step, activation) -> `_allowed_run`'s run."""
 """`(id(trace), step, activation) -> (trace, its re-run)` for `_allowed_run`: kept while the trace is (a few)."""
 
 
@@ -341,10 +343,9 @@ def _allowed_run(trace: Trace, step: int, name: str) -> Trace | None:
     """The run's passes up to `trace.steps[step]`'s, with its parameters, on its input graph, with `name` on the
     epilogue allow-list (`allow_list.allowing`, scoped to this run); None when that run fails. Made once per trace,
     step and activation."""
-    key = (id(trace), step, name)
-    got = _RERUNS.get(key)
-    if got is not None and got[0] is trace:
-        return got[1]
+    runs = _RERUNS.get_or_compute(trace, dict)
+    if (step, name) in runs:
+        return runs[step, name]
     base = run_pipeline_of(trace)
     try:
         with allowing(name):
@@ -352,9 +353,7 @@ def _allowed_run(trace: Trace, step: int, name: str) -> Trace | None:
                                                     base.name).run(trace.input)
     except Exception:  # noqa: BLE001 - a pass that breaks on the what-if graph: nothing is known
         after = None
-    if len(_RERUNS) >= 8:
-        _RERUNS.pop(next(iter(_RERUNS)))
-    _RERUNS[key] = (trace, after)
+    runs[step, name] = after
     return after
 
 
