@@ -286,7 +286,7 @@ def _shared_weights(g: Graph, where: dict[int, Layer | str]) -> dict[int, str]:
     that version on, in `model`."""
     out: dict[int, str] = {}
     for n in g:
-        if n.op in (Op.INPUT, Op.PARAM, Op.CONST) or not shared(g, n.id):
+        if n.op in _LEAVES or not shared(g, n.id):
             continue
         place = where.get(n.id)
         for i in n.inputs:
