@@ -7,7 +7,7 @@ from rlxviz.app.jobs import Runner
 from rlxviz.app.state import AppState
 
 KEYS = {"source", "preset", "checkpoint_dir", "upload_id", "ir_text", "batch", "seq", "style", "variant",
-        "variant_layer", "threshold", "passes", "disabled"}
+        "variant_layer", "threshold", "dims", "passes", "disabled"}
 
 
 @pytest.fixture

@@ -22,7 +22,7 @@ from .sources import (
 )
 from .state import SHAPE_VARIANT, SOURCES, VARIANT_LABELS, AppState, move_position
 from .text import md_escape
-from .wording import LAYER_OFF, gate_box
+from .wording import DIMS_BOX, LAYER_OFF, gate_box
 
 SHAPE_LABELS = {"batch": "Batch", "seq": "Sequence length"}
 SOURCE_LABELS = {"preset": "Built-in", "checkpoint": "Folder", "upload": "Upload", "ir": "IR text"}
@@ -128,6 +128,9 @@ class ModelControls(Viewer):
             s.param.watch(lambda e, n=name: setattr(getattr(self, n), "value", getattr(s, n)), name)
         # a note about a shape is about the model it was typed for: another model or source, and it no longer holds
         s.param.watch(lambda *e: self.notes.drop("batch", "seq"), ["source", "preset", "upload_id", "checkpoint_dir"])
+        self.dims = pn.widgets.TextInput.from_param(s.param.dims, name=f"{DIMS_BOX} (an .onnx export's other dims)",
+                                                    placeholder="height=224 width=224", sizing_mode="stretch_width",
+                                                    css_classes=["rv-dims"])
         self.text = pn.widgets.TextAreaInput.from_param(s.param.text, name="Text to tokenize (real models)",
                                                         rows=3, auto_grow=True, max_rows=8,
                                                         sizing_mode="stretch_width", css_classes=["rv-text"])
@@ -202,7 +205,7 @@ class ModelControls(Viewer):
         s = self.state
         self.source.value = self.shown = s.source
         ir = s.source == "ir"
-        for w in (self.batch, self.seq, self.text, self.style):
+        for w in (self.batch, self.seq, self.dims, self.text, self.style):
             w.disabled = ir
         self.shape_note.object = ("*Batch, sequence length, style and text do not apply to IR text: its shapes "
                                   "are written in it.*" if ir else "")
@@ -316,7 +319,7 @@ class ModelControls(Viewer):
         }
         box = pn.Column(*by_source[self.shown], sizing_mode="stretch_width")
         self.param.watch(lambda e: setattr(box, "objects", by_source[e.new]), "shown")
-        return pn.Column("### Model", self.source, box, self.style, pn.Row(self.batch, self.seq), self.text,
+        return pn.Column("### Model", self.source, box, self.style, pn.Row(self.batch, self.seq), self.dims, self.text,
                          self.shape_note, sizing_mode="stretch_width")
 
 

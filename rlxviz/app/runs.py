@@ -33,6 +33,7 @@ from .sources import (
     check_ir_text,
     check_path_kind,
     check_upload,
+    parse_dims,
     resolve_in_roots,
     store_upload,
 )
@@ -138,6 +139,8 @@ class Runs:
             if (onnx_file := Path(where) / ONNX_UPLOAD_NAME).is_file():
                 where = str(onnx_file)
             request = replace(request, source=where)
+        if s.dims.strip() and str(request.source).lower().endswith(".onnx"):  # a checkpoint has no dims to bind
+            request = replace(request, dims=parse_dims(s.dims))
         try:
             model = session.open_model(request)
         except VariantLayerError as e:

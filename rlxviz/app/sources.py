@@ -22,6 +22,7 @@ import tempfile
 from pathlib import Path
 
 from ..models.checkpoint import PICKLE_SUFFIXES
+from ..models.onnx.dims import DimError, parse_dim
 from ..models.onnx.layout import onnx_layout_error
 from ..session.loading import IR_SUFFIXES as _LOADER_IR_SUFFIXES
 
@@ -34,6 +35,22 @@ MAX_IR_CHARS = 2_000_000
 
 class SourceError(ValueError):
     """A model source was refused or could not be read; the message says what to do."""
+
+
+def parse_dims(text: str) -> tuple[tuple[str, int], ...]:
+    """The sidebar's Input dims box (`height=224 width=224`, commas or spaces between pairs) as `OpenRequest.dims`.
+
+    Raises:
+        SourceError: a pair that is not NAME=N with N a positive whole number (naming it).
+    """
+    pairs = []
+    for item in text.replace(",", " ").split():
+        try:
+            pairs.append(parse_dim(item))
+        except DimError:
+            raise SourceError(f"Input dims: {item[:80]!r} is not NAME=N with N a positive whole number (e.g. "
+                              f"height=224 width=224).") from None
+    return tuple(pairs)
 
 
 def allowed_dirs(env: dict[str, str] | None = None) -> list[Path]:

@@ -96,6 +96,8 @@ class AppState(Derived, PipelineEdits, param.Parameterized):
                            doc="BERT graph style: fused-QKV RLX layers or Hugging Face primitives.")
     batch = param.Integer(session.DEFAULT_BATCH, bounds=(1, 64), doc="Batch size (default: as the CLI's).")
     seq = param.Integer(session.DEFAULT_SEQ, bounds=(2, 512), doc="Sequence length (tokens; default: as the CLI's).")
+    dims = param.String("", doc="Values of an .onnx export's symbolic input dims that batch and sequence length do "
+                              "not bind, as NAME=N pairs (`height=224 width=224`): the CLI's --dim.")
     text = param.String("rlxviz shows why a fusion did or did not happen.", doc="Text to tokenize for real models.")
     variant = param.Selector(objects=list(VARIANT_LABELS), default="none", doc="Teaching variant.")
     variant_layer = param.Integer(0, bounds=(0, None), doc="Layer the teaching variant changes.")
@@ -233,7 +235,7 @@ class AppState(Derived, PipelineEdits, param.Parameterized):
         return False
 
     @param.depends("source", "preset", "checkpoint_dir", "upload_id", "ir_text", "batch", "seq", "style", "variant",
-                   "variant_layer", "threshold")
+                   "variant_layer", "threshold", "dims")
     def model_key(self) -> tuple:
         """What identifies the model: source, its content, shapes (`effective_seq`: the threshold may raise the
         sequence), style, variant and the layer it changes (0 for a variant that changes no layer, `none` and
@@ -243,9 +245,9 @@ class AppState(Derived, PipelineEdits, param.Parameterized):
         if self.source == "preset":
             src: tuple = ("preset", self.preset)
         elif self.source == "checkpoint":
-            src = ("checkpoint", self.checkpoint_dir)
+            src = ("checkpoint", self.checkpoint_dir, " ".join(self.dims.split()))
         elif self.source == "upload":
-            src = ("upload", self.upload_id)
+            src = ("upload", self.upload_id, " ".join(self.dims.split()))
         else:
             src = ("ir", self.ir_text)
             return src

@@ -120,6 +120,18 @@ IR_SYNTAX_HELP = "the IR tab of any preset shows the syntax"
 """The last line's pointer to the syntax, after an IR text's error."""
 
 
+_CLI_DIM_REMEDY = re.compile(r"(?:; |: )pass --dim ([A-Za-z_][\w.]*)=N \(Python: [^)]*\) or the "
+                             r"(?:input's array|inputs) with --inputs.*$")
+DIMS_BOX = "Input dims"
+"""The sidebar box that binds an `.onnx` export's other symbolic dims (`AppState.dims`), as the CLI's `--dim`."""
+
+
+def app_remedy(message: str) -> str:
+    """`message` with the CLI's remedy for an unbound dim (`--dim NAME=N`, `--inputs`, a file beside the model)
+    said as the app's: the sidebar's Input dims box."""
+    return _CLI_DIM_REMEDY.sub(lambda m: f"; set it in the sidebar's {DIMS_BOX} box ({m.group(1)}=N)", message)
+
+
 def explain_error(e: Exception, source: str, preset: str, onnx: bool = False, text: str | None = None) -> str:
     """An exception as a message with what to do, matched by its type. `onnx`: the path or upload is an ONNX file,
     named so ("the uploaded ONNX file"; a newcomer's bart-full.onnx was "the uploaded checkpoint").
@@ -136,7 +148,8 @@ def explain_error(e: Exception, source: str, preset: str, onnx: bool = False, te
         return (f"{INTERNAL_NAME.sub('', str(e))}\n{quote_place(lines[e.line - 1], e.col or 1)}\nThe IR text parses "
                 f"but is not a valid graph: fix line {e.line} at the caret ({IR_SYNTAX_HELP}).")
     if isinstance(e, SourceError | SessionError):
-        return INTERNAL_NAME.sub("", str(e))  # `bert-tiny: variant layer 5 ...`, not `[build_bert] variant ...`
+        # `bert-tiny: variant layer 5 ...`, not `[build_bert] variant ...`; an unbound dim's remedy is the app's box
+        return app_remedy(INTERNAL_NAME.sub("", str(e)))
     if isinstance(e, IRSyntaxError):
         return (f"{syntax_error_line('IR text', e.line, e.col, e.reason)}\n{e.quoted}\nThe IR text does not parse: "
                 f"fix line {e.line} at the caret ({IR_SYNTAX_HELP}).")

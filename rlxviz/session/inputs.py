@@ -4,6 +4,7 @@ an `.npz` checked against the graph's inputs, `runtime.battery`)."""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 
 import numpy as np
 
@@ -48,6 +49,24 @@ TEXT_SET = ("text", "the text box tokenized (Text to tokenize)")
 
 RANDOM_SET = ("random", "seeded random inputs")
 """The name and line of the input set `feeds` makes when it does not tokenize (`runtime.battery`'s `random`)."""
+
+
+INPUTS_BESIDE = ("{stem}_io.npz", "{stem}.npz")
+"""Names of a model's inputs file beside its `.onnx` file, in the order looked for: the exporters' `NAME_io.npz`
+(inputs and `out:NAME` reference outputs), then `NAME.npz`."""
+
+
+def inputs_beside(model_file: Path, input_name: str) -> Path | None:
+    """The `.npz` beside `model_file` (`INPUTS_BESIDE`) that holds an array named `input_name`, read from the npz's
+    headers alone (`npz_headers`: no array data); None when there is none, or it is unreadable. Raises nothing."""
+    for pattern in INPUTS_BESIDE:
+        path = model_file.with_name(pattern.format(stem=model_file.stem))
+        try:
+            if path.is_file() and input_name in npz_headers(path):
+                return path
+        except (OSError, ValueError):
+            continue
+    return None
 
 
 def feeds_kind(model: Model, text: str = "") -> tuple[str, str]:

@@ -22,7 +22,7 @@ from ..models import PRESETS, CheckpointError, Model, load_checkpoint, load_mode
 from ..models.bert import VariantLayerError as _BuiltPastLayers
 from ..models.checkpoint import read_config_file
 from ..models.onnx import OnnxImportError, load_onnx
-from ..models.onnx.dims import parse_onnx, proto_input_shapes
+from ..models.onnx.dims import DimError, parse_onnx, proto_input_shapes
 from ..models.onnx.size import over_budget
 from ..models.onnx.weights import lazy_names
 from ..passes import layer_of
@@ -30,6 +30,7 @@ from ..passes.trace import layer_keys
 from .cache import LRUCache
 from .defaults import DEFAULT_BATCH, DEFAULT_SEQ
 from .errors import GraphTextError, LimitError, SessionError, VariantLayerError
+from .inputs import inputs_beside
 from .limits import Limits, human_bytes
 from .variants import effective_seq, graph_variant, preset_is_bert, variant_named, variant_unavailable
 
@@ -307,6 +308,10 @@ def load(model: str, batch: int = DEFAULT_BATCH, seq: int = DEFAULT_SEQ, style: 
         raise
     except _BuiltPastLayers as e:  # the builder's refusal, named after the model asked for
         raise VariantLayerError(model, e.layer, e.last) from None
+    except DimError as e:  # a dim batch and seq do not bind: the inputs file beside the model binds it, named
+        beside = inputs_beside(p, e.input) if e.input else None
+        hint = f"; {beside.name} beside the file holds {e.input!r}: --inputs {beside}" if beside else ""
+        raise SessionError(f"{model}: {first_line(e)}{hint}") from None
     except MemoryBudgetError as e:  # a checkpoint's config or graph over the limit, before it was built or read
         raise LimitError(f"{first_line(e)} (the limit from {limits.source})", limit=limits.max_bytes) from None
     except (ValueError, KeyError, OSError) as e:

@@ -162,7 +162,7 @@ def open_model(request: OpenRequest) -> Model:
         model = _onnx_with_inputs(r, limits)
     elif r.isolated:
         model = load_isolated(r.source, r.batch, r.seq, r.style, r.variant, r.variant_layer, limits, r.threshold,
-                              r.allowed_roots, r.max_seq)
+                              r.allowed_roots, r.max_seq, dims=r.dims)
     else:
         model = loading.load(r.source, r.batch, r.seq, r.style, r.variant, r.variant_layer, limits, r.threshold,
                              r.allowed_roots, r.max_seq, dims=dict(r.dims), input_shapes=dict(r.input_shapes))

@@ -37,7 +37,16 @@ MAX_DIM = 1 << 40
 
 
 class DimError(OnnxImportError):
-    """A symbolic dim that cannot be bound, a bad `--dim`, or given arrays that disagree (one line)."""
+    """A symbolic dim that cannot be bound, a bad `--dim`, or given arrays that disagree (one line).
+
+    Attributes:
+        input: the graph input whose dim nothing binds ('' for the other kinds), for a front end's own remedy (a
+            file of that input's array beside the model: `session.loading`).
+    """
+
+    def __init__(self, message: str, input: str = "") -> None:
+        super().__init__(message)
+        self.input = input
 
 
 def parse_dim(text: str) -> tuple[str, int]:
@@ -159,13 +168,13 @@ def bind_input_shapes(inputs: Sequence[Any], batch: int, seq: int, dims: Mapping
                     v = _eval(name, value_of)
                 except KeyError as e:
                     raise DimError(f"input {vi.name!r}: dimension {i} ({name}) needs {e.args[0]!r}: pass --dim "
-                                   f"{e.args[0]}=N (Python: dims=) or the inputs with --inputs") from None
+                                   f"{e.args[0]}=N (Python: dims=) or the inputs with --inputs", vi.name) from None
                 except (TypeError, ZeroDivisionError, OverflowError, RecursionError):
                     v = None
             else:
                 v = _default("", i, batch, seq)
             if v is None:
-                raise DimError(f"input {vi.name!r}: cannot bind dimension {i} ({name or '?'}); {how}")
+                raise DimError(f"input {vi.name!r}: cannot bind dimension {i} ({name or '?'}); {how}", vi.name)
             if v <= 0:
                 raise DimError(f"input {vi.name!r}: dimension {i} ({name}) is {v}; a graph input's dimensions must be "
                                f"positive")

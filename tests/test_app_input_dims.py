@@ -1,0 +1,92 @@
+"""An `.onnx` export with a symbolic dim that batch and sequence length do not bind (a vision model's `height`,
+`width`): the CLI names the inputs file beside the model that would bind it (`--inputs`), and the app, which has no
+`--dim` flag, binds it with the sidebar's Input dims box and says so in its message (newcomer run 26: beit.optimum's
+bare `explain` stopped at "cannot bind dimension 2 (height)" with the npz beside it; the app said `--dim`)."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from rlxviz.app.jobs import Runner
+from rlxviz.app.sources import ALLOWED_DIRS_ENV, SourceError, parse_dims
+from rlxviz.app.state import AppState
+from rlxviz.session.inputs import inputs_beside
+
+ROOT = Path(__file__).resolve().parents[1]
+BEIT = ROOT / "tests/fixtures/onnx/zoo/beit.optimum.onnx"
+
+
+def vision_export(folder: Path, name: str = "conv") -> Path:
+    """A pixel model `[batch, 3, height, width] -> relu(x * 2)`, its spatial dims symbolic, as optimum exports
+    image models."""
+    x = helper.make_tensor_value_info("pixel_values", TensorProto.FLOAT, ["batch", 3, "height", "width"])
+    y = helper.make_tensor_value_info("out", TensorProto.FLOAT, ["batch", 3, "height", "width"])
+    two = helper.make_tensor("two", TensorProto.FLOAT, [], [2.0])
+    graph = helper.make_graph([helper.make_node("Mul", ["pixel_values", "two"], ["m"], name="/scale/Mul"),
+                               helper.make_node("Relu", ["m"], ["out"], name="/act/Relu")],
+                              name, [x], [y], [two])
+    path = folder / f"{name}.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return path
+
+
+def explain(path: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "rlxviz.cli", "explain", str(path)], capture_output=True, text=True,
+                          cwd=ROOT, timeout=120)
+
+
+@pytest.mark.parametrize("beside", ["{stem}_io.npz", "{stem}.npz"])
+def test_the_cli_names_the_inputs_file_beside_the_model(tmp_path, beside):
+    model = vision_export(tmp_path)
+    npz = tmp_path / beside.format(stem="conv")
+    np.savez(npz, pixel_values=np.ones((1, 3, 4, 5), np.float32))
+    r = explain(model)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "cannot bind dimension 2 (height)" in r.stderr, r.stderr
+    assert f"{npz.name} beside the file holds 'pixel_values': --inputs {npz}" in r.stderr, r.stderr
+
+
+def test_no_file_beside_or_one_without_the_input_names_none(tmp_path):
+    model = vision_export(tmp_path)
+    assert inputs_beside(model, "pixel_values") is None
+    np.savez(tmp_path / "conv_io.npz", input_ids=np.zeros((1, 4), np.int64))  # another input's array
+    (tmp_path / "conv.npz").write_bytes(b"not a zip")  # unreadable: no hint, no error
+    assert inputs_beside(model, "pixel_values") is None
+    r = explain(model)
+    assert r.returncode == 2 and "beside the file" not in r.stderr and "--dim height=N" in r.stderr, r.stderr
+
+
+def test_beit_optimum_names_its_npz():
+    r = explain(BEIT)
+    assert r.returncode == 2 and "beit.optimum.npz beside the file holds 'pixel_values'" in r.stderr, r.stderr
+
+
+def test_parse_dims_reads_pairs_and_refuses_in_app_words():
+    assert parse_dims("height=224, width=160") == (("height", 224), ("width", 160))
+    assert parse_dims("  ") == ()
+    for bad in ("height", "height=x", "height=0", "=4"):
+        with pytest.raises(SourceError, match="Input dims: .* is not NAME=N"):
+            parse_dims(bad)
+
+
+def test_the_app_asks_for_the_dims_box_then_loads_with_it(tmp_path, monkeypatch):
+    folder = tmp_path / "models"
+    folder.mkdir()
+    model = vision_export(folder)
+    monkeypatch.setenv(ALLOWED_DIRS_ENV, str(folder))
+    s = AppState(runner=Runner(background=False), preset="bert-tiny", seq=8)
+    shown = s.model.name
+    s.param.update(checkpoint_dir=str(model), source="checkpoint")
+    assert s.message_kind == "danger" and "Traceback" not in s.message, s.message
+    assert "cannot bind dimension 2 (height); set it in the sidebar's Input dims box (height=N)" in s.message
+    assert "--dim" not in s.message and "--inputs" not in s.message and f"Still showing {shown}" in s.message
+    s.dims = "height=bad"
+    assert s.message_kind == "danger" and "Input dims: 'height=bad' is not NAME=N" in s.message, s.message
+    s.dims = "height=4 width=5"
+    assert s.model is not None and s.model.name == "conv", s.message
+    assert [n.shape for n in s.model.graph.inputs] == [(1, 3, 4, 5)]
