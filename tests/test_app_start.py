@@ -183,7 +183,8 @@ def test_ir_refused_by_its_check_leaves_break_on_too():
 
 def test_a_long_message_opens_folded_to_one_line_and_unfolds():
     """The banner (`StatusBar`): a long or many-line message opens folded (`rv-clamp`) with "more"; "more" shows it
-    whole and "less" folds it again; a new message folds again; a short one is whole with no "more"."""
+    whole, dropped over the rows below (`rv-over`: the graph keeps its room), and "less" folds it again; a new message
+    folds again; a short one is whole with no "more", in the page's flow."""
     from rlxviz.app.statusbar import LONG_MESSAGE, StatusBar
 
     s = tiny()
@@ -192,14 +193,15 @@ def test_a_long_message_opens_folded_to_one_line_and_unfolds():
     assert len(s.message) > LONG_MESSAGE
     assert "rv-clamp" in bar.alert.css_classes and bar.more.visible and bar.more.label == "more ▾"
     bar.more.clicks += 1
-    assert "rv-clamp" not in bar.alert.css_classes and bar.more.label == "less ▴"
+    assert "rv-clamp" not in bar.alert.css_classes and "rv-over" in bar.alert.css_classes
+    assert bar.more.label == "less ▴"
     bar.more.clicks += 1
-    assert "rv-clamp" in bar.alert.css_classes
+    assert "rv-clamp" in bar.alert.css_classes and "rv-over" not in bar.alert.css_classes
     bar.more.clicks += 1
     s.message = "line one\nline two"  # short but on two lines: folded too
     assert "rv-clamp" in bar.alert.css_classes and bar.more.visible
     s.message = "Loaded."
-    assert "rv-clamp" not in bar.alert.css_classes and not bar.more.visible and bar.close.visible
+    assert bar.alert.css_classes == ["rv-message"] and not bar.more.visible and bar.close.visible
     s.message = ""
     assert not bar.more.visible and not bar.close.visible and not bar.alert.visible
 

@@ -1,7 +1,8 @@
 """Issue 39's room and a fresh reviewer's faults, in the real page at 1280x800 and 1920x1080:
 
 - after ① and ② the message banner shows, folded to one line ("more" unfolds it), and the graph keeps 450 px of
-  height (it had 382);
+  height (it had 382); its folded line draws the refusing guard's name, and "more" drops the whole message over the
+  version rows, every line inside the window, the graph unchanged (unfolded in the flow it left the graph 408 px);
 - the version list shows its label whole (it cut "(33 ops)");
 - the Why tab's layer drawing opens over the whole window and Esc puts it back;
 - a page whose server stopped says so (it said nothing; clicks did nothing);
@@ -179,6 +180,74 @@ def test_the_graph_keeps_450px_with_the_banner_and_the_why_drawing_opens_full_si
         pg.wait_for_timeout(300)
         assert abs(graph.locator(".rv-wrap").bounding_box()["width"] - small["width"]) < 2
         open_tab(pg, "Graph")
+
+
+WHOLE_JS = """e => { const host = e.getBoundingClientRect(); const texts = [...e.shadowRoot.querySelectorAll('p, pre')];
+  const lines = []; for (const t of texts) { const r = document.createRange(); r.selectNodeContents(t);
+    for (const q of r.getClientRects()) if (q.width > 0) lines.push([q.left, q.top, q.right, q.bottom]); }
+  const onTop = (x, y) => { let el = document.elementFromPoint(x, y);
+    while (el && el.shadowRoot) { const inner = el.shadowRoot.elementFromPoint(x, y);
+      if (!inner || inner === el) break; el = inner; }
+    return el === e || e.shadowRoot.contains(el); };
+  return { host: [host.left, host.top, host.right, host.bottom], lines, text: texts.map((t) => t.textContent).join(''),
+    cut: texts.filter((t) => t.scrollWidth > t.clientWidth + 1 || t.scrollHeight > t.clientHeight + 1).length,
+    covered: lines.filter(([l, t, r, b]) => !onTop((l + r) / 2, (t + b) / 2)).length,
+    scroll: [e.scrollWidth - e.clientWidth, e.scrollHeight - e.clientHeight] }; }"""
+"""The message banner's text as drawn: the box of each of its lines, how many of its paragraphs are cut (their text
+wider or taller than their box), how many lines something else lies over (at the line's centre), and how far the
+banner itself scrolls."""
+WORD_JS = """(e, word) => { const p = e.shadowRoot.querySelector('p');
+  const walk = document.createTreeWalker(p, NodeFilter.SHOW_TEXT);
+  for (let n = walk.nextNode(); n; n = walk.nextNode()) { const i = n.data.indexOf(word); if (i < 0) continue;
+    const r = document.createRange(); r.setStart(n, i); r.setEnd(n, i + word.length);
+    return [r.getBoundingClientRect().right, p.getBoundingClientRect().right]; }
+  return null; }"""
+"""Where `word` ends in the banner's first paragraph and where the paragraph's box ends (px from the left)."""
+
+
+@pytest.mark.parametrize("size", [(1280, 800), (1920, 1080)])
+def test_the_banner_after_break_names_its_guard_and_shows_its_whole_text(browser, server, size):
+    """After ② (newcomer: at 1280x800 the banner naming the refusing guard was cut off, and unfolding it took the
+    graph to 408 px): the folded line draws the guard's name; "more" shows every line of the message inside the
+    window, none cut nor covered, while the graph keeps its 450 px and its place; "less" folds it back."""
+    w, h = size
+    with watched_page(browser, server[0], w, h) as pg:
+        expect(pg.locator(".rv-version select")).to_contain_text("after")
+        _idle(pg)
+        pg.locator(".rv-start-step button").click()
+        expect(pg.locator(".rv-start-note")).to_contain_text("Showing after")
+        pg.locator(".rv-start-break button").click()
+        msg = pg.locator(".rv-message")
+        expect(msg).to_contain_text("guard h1_user_count", timeout=3 * WAIT_MS)
+        _idle(pg)
+        expect(pg.locator(".rv-after .rv-title")).to_have_text(re.compile("fuse_transformer_layer"))
+        pg.wait_for_timeout(300)
+        folded = msg.evaluate(WHOLE_JS)
+        end, right = msg.evaluate(WORD_JS, "guard h1_user_count")
+        assert end <= right - 12, (end, right, folded["text"])  # the guard's name is drawn, not behind the "…"
+        pane = pg.locator(".rv-after .rv-wrap").bounding_box()
+        assert _graph_height(pg, h) >= 450, pane
+        more = pg.locator(".rv-message-more button")
+        more.click()
+        expect(more).to_have_text("less ▴")
+        _until(pg, lambda: msg.bounding_box()["height"] > 45)
+        pg.wait_for_timeout(300)
+        pg.screenshot(path=str(ART / f"room-banner-whole-{w}x{h}.png"))
+        whole = msg.evaluate(WHOLE_JS)
+        assert whole["text"] == folded["text"] and "needs exactly 2" in whole["text"], whole["text"]
+        assert whole["cut"] == 0 and whole["covered"] == 0 and max(whole["scroll"]) <= 1, whole
+        left, top, right, bottom = whole["host"]
+        for line in whole["lines"]:  # every line inside the banner and the window
+            assert left - 1 <= line[0] and line[2] <= right + 1 and top - 1 <= line[1] and line[3] <= bottom + 1, \
+                (line, whole["host"])
+            assert 0 <= line[0] and line[2] <= w and 0 <= line[1] and line[3] <= h, (line, w, h)
+        assert _graph_height(pg, h) >= 450, pg.locator(".rv-after .rv-wrap").bounding_box()  # 408 px unfolded before
+        assert pg.locator(".rv-after .rv-wrap").bounding_box() == pane  # the graph keeps its room and its place
+        assert bottom <= pane["y"], (whole["host"], pane)  # the whole message lies over no graph
+        more.click()
+        expect(more).to_have_text("more ▾")
+        _until(pg, lambda: msg.bounding_box()["height"] <= 40)
+        assert pg.locator(".rv-after .rv-wrap").bounding_box() == pane
 
 
 def test_a_page_whose_server_stopped_says_so(browser):
