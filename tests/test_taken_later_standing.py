@@ -107,3 +107,27 @@ def test_the_chips_tooltip_item_says_what_took_the_place():
     k = next(k for k, s in enumerate(trace.steps) if s.pass_name == "fuse_matmul_bias_act")
     (item,) = places(trace, k).faded[TAKEN_LATER_GROUP]
     assert f"{RULE} ({GUARD}): " in item and WORDS.search(item), item
+
+
+def test_every_standing_group_has_a_heading():
+    """The chips' tooltips head each group with `left_out_heading`: a group without one stopped the app's load
+    (starcoder2.ortopt: `KeyError: 'taken later'`, newcomer run 27) while `explain` printed it."""
+    from rlxviz.passes.why.text import left_out_heading
+    from rlxviz.passes.why.verdict import LEFT_OUT_GROUPS
+
+    for group in {*STANDING_GROUPS, *LEFT_OUT_GROUPS}:
+        assert left_out_heading(group, 1).startswith("1 ") and left_out_heading(group, 2).startswith("2 ")
+
+
+@pytest.mark.parametrize("path", list(CASES), ids=lambda p: p.stem)
+def test_the_chips_tooltip_heads_the_taken_later_places(path):
+    from rlxviz.app.derived import not_near_misses
+    from rlxviz.app.panels import not_near_miss_mark
+
+    trace = _trace(path)
+    k = next(k for k, s in enumerate(trace.steps) if s.pass_name == "fuse_matmul_bias_act")
+    p = places(trace, k)
+    mark = not_near_miss_mark(not_near_misses(trace.steps[k], trace), p.excused_at)
+    n = CASES[path]
+    took = "refusal whose candidate a later fusion took" if n == 1 else "refusals whose candidates later fusions took"
+    assert f"{n} {took} (not" in mark, mark

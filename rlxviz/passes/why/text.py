@@ -17,7 +17,7 @@ from ..guard import DOES_NOT_PAY, MODEL_TERM, NOT_A_CANDIDATE
 from ..refusal_kinds import ROUNDING_ONLY
 from ..trace import layer_label
 from .caveat import WORKAROUND
-from .policy import OP_GAP_GROUP
+from .policy import OP_GAP_GROUP, TAKEN_LATER_GROUP
 
 if TYPE_CHECKING:  # for annotations only: the verdicts word themselves through this module
     from ..explain import Outcome
@@ -115,6 +115,10 @@ _LEFT_OUT_HEADINGS = {
                    "near-misses)"),
     "illegal here": ("refusal illegal for its layer (the layer is fused as far as legal, not a near-miss)",
                      "refusals illegal for their layers (the layers are fused as far as legal, not near-misses)"),
+    TAKEN_LATER_GROUP: ("refusal whose candidate a later fusion took (not a near-miss, nor a gap in rlxviz's ops: "
+                        "nothing to fix)",
+                        "refusals whose candidates later fusions took (not near-misses, nor gaps in rlxviz's ops: "
+                        "nothing to fix)"),
 }
 """Each group of `RunVerdict.left_out_groups` (`verdict.LEFT_OUT_GROUPS`) and of a refusal's standing
 (`standing.STANDING_GROUPS`: what the app's chips mark `○`, and `△` for a gap in rlxviz's ops) as its heading says
