@@ -133,4 +133,6 @@ def test_a_bert_layer_optimized_from_a_dynamo_export_says_its_layer(tmp_path):
     ("model", ""),
     ("", "")])
 def test_inferred_path_is_the_layer_else_the_parent(deepest, claimed):
+    """The claim is a prefix of the deepest path in the same layer (and stack): placement reads the same layer."""
     assert inferred_path(deepest) == claimed
+    assert layer_of(claimed) == layer_of(deepest)
