@@ -20,7 +20,10 @@ line naming the node (never approximated):
 layer kind would lose them (a layer read as "attention only (no MLP)"). Such a node takes the module path its
 values' names carry (`paths`: a legacy exporter's value name `/layers.0/mlp/act/Mul_output_0`, a parameter
 `layers.0.layernorm_after.weight`); SkipLayerNormalization's residual sum takes that of its sum output (or input),
-its norm that of its output (or gamma); a bias add that of its bias parameter.
+its norm that of its output (or gamma); a bias add that of its bias parameter. Where no name carries one (a dynamo
+export's `val_95`, `linear_3`), the path is inferred from what computes its inputs and claims only what that shows
+(`inferred_path`): the layer (`model.layers.0`), not the module of its deepest input (gemma.ortopt's post-attention
+RMSNorm was said `model.layers.0.self_attn.o_proj`, as if it were the output projection).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ import numpy as np
 
 from ....ir import DType
 from ....ir.emitter import Ref
+from ....passes.trace import layer_prefix
 from ..context import CONTRIB, Value, _const, _Ctx, _last_axis, _zeros_like_gamma, handles
 from ..paths import path_of_name
 
@@ -60,8 +64,8 @@ def adopt_path(ctx: _Ctx, n: Any, x: list[Value], outputs: tuple[int, ...] = (0,
     """The module path for the nodes this handler emits (set on the builder and returned): the node's own when it
     names one; else, for a node ORT made, the path carried by its output names `outputs`, then by the parameters at
     input positions `params` (numbered per call as the driver numbered this node: `_numbered_like`), then by any of
-    its values (`paths`, the driver's), else (a dynamo export's `val_95` names carry none) the deepest path of
-    the IR nodes computing its inputs."""
+    its values (`paths`, the driver's), else (a dynamo export's `val_95` names carry none) the path inferred
+    (`inferred_path`) from the deepest path of the IR nodes computing its inputs."""
     key = (n.name, tuple(n.output))
     stash = getattr(ctx, "_contrib_driver_path", None)
     if stash is None or stash[0] != key:  # the path the driver gave this node, before a handler changed it
@@ -82,8 +86,19 @@ def adopt_path(ctx: _Ctx, n: Any, x: list[Value], outputs: tuple[int, ...] = (0,
         paths = [ctx.b.lookup(v).path for v in x if isinstance(v, Ref)]  # on a tie the later input (ORT puts the
         # sublayer's output after the residual stream it joins)
         ranked = max(enumerate(paths), key=lambda kv: (kv[1].count(".") + (1 if kv[1] else 0), kv[0]), default=None)
-        ctx.b.path = ranked[1] if ranked is not None else ""
+        ctx.b.path = inferred_path(ranked[1]) if ranked is not None else ""
     return ctx.b.path
+
+
+def inferred_path(deepest: str) -> str:
+    """The module path a node may claim from the deepest path `deepest` of the nodes computing its inputs: the layer
+    it lies in (`passes.trace.layer_prefix`: `model.layers.0.self_attn.o_proj` -> `model.layers.0`; a numbered call
+    `a.b.0@1.attention` -> `a.b.0@1`), else its parent module (`model.conv1` -> `model`; `model` -> ''). What reads
+    a module's output is not that module: gemma.ortopt's residual sum and RMSNorm after `o_proj` are layer 0's, not
+    the output projection's; the layer is what is known (the sum closes the layer's attention, the norm opens its
+    MLP or the next layer, which `placement` decides by structure)."""
+    layer = layer_prefix(deepest)
+    return layer if layer is not None else deepest.rpartition(".")[0]
 
 
 # -- activations ---------------------------------------------------------------------------------------------
@@ -160,7 +175,9 @@ def skip_ln(ctx: _Ctx, n: Any, x: list[Value], a: dict[str, Any]) -> list[Value]
     """ORT SkipLayerNormalization(input, skip, gamma[, beta][, bias]): s = input + skip (+ bias);
     output 0 = LayerNorm(s) (RMSNorm for the simplified form, whose inputs are input, skip, gamma[, bias]),
     output 3 = s. The mean / inv_std_var outputs (1, 2) are not supported. The sum takes the module path of
-    output 3 (the residual add ORT fused), else of the skip's producer; the norm that of output 0, else of gamma."""
+    output 3 (the residual add ORT fused), else of input 0's name; the norm that of output 0, else of gamma; where
+    no name or driver path gives one, both take the path inferred from what computes the inputs (`adopt_path`,
+    `inferred_path`: their layer)."""
     b = ctx.b
     simplified = n.op_type.startswith("SkipSimplified")
     if any(o for i, o in enumerate(n.output) if i in (1, 2)):
@@ -507,4 +524,4 @@ CONTRIB_OPS = ("Attention", "BiasAdd", "BiasGelu", "EmbedLayerNormalization", "F
                "SimplifiedLayerNormalization", "SkipLayerNormalization", "SkipSimplifiedLayerNormalization")
 """The com.microsoft ops this module maps."""
 
-__all__ = ["CONTRIB_OPS", "ORT_MASK_FILTER", "adopt_path"]
+__all__ = ["CONTRIB_OPS", "ORT_MASK_FILTER", "adopt_path", "inferred_path"]
