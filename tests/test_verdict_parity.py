@@ -20,9 +20,11 @@ from clirun import file_inputs
 from clirun import run as cli_run
 
 from rlxviz import session
+from rlxviz.app.derived import version_rows
 from rlxviz.app.explain import _verdict as node_panel_verdict
 from rlxviz.app.explain import node_report, report_markdown
 from rlxviz.app.jobs import Runner
+from rlxviz.app.panels import counts_html
 from rlxviz.app.state import AppState
 from rlxviz.models import PRESETS
 from rlxviz.passes.refusal_kinds import kind_words
@@ -420,6 +422,17 @@ def _onnx(capsys, monkeypatch, path: Path) -> None:
     given = file_inputs(path)
     code, text, j, trace = _explain(capsys, monkeypatch, path, *(("--inputs", given["npz"]) if given else ()))
     _check_drawing_and_panel(trace, _check_cli(code, text, j, trace))
+    _check_chips(trace)
+
+
+def _check_chips(trace) -> None:
+    """The app's version chips render for every version, each mark with its tooltip (starcoder2.ortopt's load
+    raised `KeyError: 'taken later'` there while `explain` printed the file, newcomer run 27)."""
+    rows = version_rows(trace, [(i, label) for i, (label, _) in enumerate(trace.versions())])
+    chips = counts_html(rows, 0, lambda k: "")
+    assert chips.count("class='rv-chip'") == len(trace.versions())
+    for r in rows:
+        assert (f"✗{r['rejections']}</span>" in chips) if r["rejections"] else True
 
 
 @pytest.mark.parametrize("path", ONNX_SAMPLE, ids=[p.stem for p in ONNX_SAMPLE])

@@ -88,6 +88,33 @@ def not_near_misses(step: PassStep, trace: Trace | None = None) -> dict[str, lis
     return step_places(step, trace).faded
 
 
+
+def version_rows(trace: Trace, visible: list[tuple[int, str]]) -> list[dict]:
+    """One row per version of `trace` in `visible` ((index into `trace.versions()`, label), in order): what
+    `Derived.version_rows` says of each (its ops, their change, matches, near-misses, places that are nothing to fix,
+    gaps, whether its pass crashed, the pass's time in ms)."""
+    versions = trace.versions()
+    rows = []
+    for k, (i, label) in enumerate(visible):
+        g = versions[i][1]
+        n = len(g.compute_nodes())
+        prev = len(versions[i - 1][1].compute_nodes()) if i else n
+        step = trace.steps[i - 1] if i else None
+        p = step_places(step, trace) if step else Places([], {})
+        rows.append({"#": k, "version": label, "nodes": n, "change": n - prev,
+                     "others": other_changes(step) if step else "",
+                     "matches": len(step.matches) if step else 0,
+                     "rejections": len(p.near_misses), "rejected": p.near_miss_items(),
+                     "rejected_at": [r.anchor for r in p.near_misses], "not_near_misses": p.faded,
+                     "not_near_miss_at": p.faded_at, "op_gaps": p.gaps,
+                     "op_gap_at": p.excused_at.get(OP_GAP_GROUP, []), "lacks": p.lacks,
+                     "gap_workaround": p.gap_workaround,
+                     "crashed": bool(i and trace.steps[i - 1].error),
+                     "fused": sum(1 for x in g if x.pass_name), "ms": (trace.steps[i - 1].seconds * 1e3
+                                                                      if i else 0.0)})
+    return rows
+
+
 class Derived:
     """Derived values of `AppState` (its versions, graphs, texts and drawings); read-only."""
 
@@ -199,28 +226,7 @@ class Derived:
         `not_near_miss_at`: the anchor node of each (`step_places`); `op_gaps`: the items of its places at a gap in
         rlxviz's ops (`Places.gaps`, the chip's own mark: a compiler fix), `op_gap_at` their anchors and `lacks` the
         op forms rlxviz lacks there."""
-        if self.trace is None:
-            return []
-        versions = self.trace.versions()
-        rows = []
-        for k, (i, label) in enumerate(self._visible(self.trace)):
-            g = versions[i][1]
-            n = len(g.compute_nodes())
-            prev = len(versions[i - 1][1].compute_nodes()) if i else n
-            step = self.trace.steps[i - 1] if i else None
-            p = step_places(step, self.trace) if step else Places([], {})
-            rows.append({"#": k, "version": label, "nodes": n, "change": n - prev,
-                         "others": other_changes(step) if step else "",
-                         "matches": len(step.matches) if step else 0,
-                         "rejections": len(p.near_misses), "rejected": p.near_miss_items(),
-                         "rejected_at": [r.anchor for r in p.near_misses], "not_near_misses": p.faded,
-                         "not_near_miss_at": p.faded_at, "op_gaps": p.gaps,
-                         "op_gap_at": p.excused_at.get(OP_GAP_GROUP, []), "lacks": p.lacks,
-                         "gap_workaround": p.gap_workaround,
-                         "crashed": bool(i and self.trace.steps[i - 1].error),
-                         "fused": sum(1 for x in g if x.pass_name), "ms": (self.trace.steps[i - 1].seconds * 1e3
-                                                                          if i else 0.0)})
-        return rows
+        return [] if self.trace is None else version_rows(self.trace, self._visible(self.trace))
 
     @param.depends(*SHOWN)
     def ir_current(self) -> str:

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import html
 import io
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import panel as pn
 import param
@@ -174,6 +175,44 @@ def op_gap_mark(items: list[str], at: list[int] | None = None, lacks: list[str] 
     return f" <span class='rv-op-gap' title='{html_text(head + tip)}'>{OP_GAP_MARK}{n}</span>"
 
 
+def counts_html(rows: list[dict[str, Any]], current: int, hidden_before: Callable[[int], str]) -> str:
+    """The version chips' row of `rows` (`derived.version_rows`): each version's ops and change, its ✓ matches, ✗
+    near-misses, ○ places that are nothing to fix and △ gaps, each mark with its tooltip; the chip of row `current`
+    dark, and after each chip's name what `hidden_before(k)` says of the steps hidden before row k. HTML, the model's
+    text escaped."""
+    if not rows:
+        return ""
+    cells = []
+    for r in rows:
+        cur = r["#"] == current
+        gap = hidden_before(r["#"])
+        gap = f" ({gap}, hidden)" if gap else ""  # the numbers skip hidden steps: which ones
+        # the ops' change, then the other nodes' (a pass that removed dead weights only is no no-op)
+        said = [f"{r['change']:+d}"] * bool(r["change"]) + [r["others"]] * bool(r.get("others"))
+        delta = f" ({', '.join(said)})" if said else ""
+        if r.get("matches"):
+            delta += f" <span title='matches of this pass'>✓{r['matches']}</span>"
+        # red on the selected chip's dark blue was unreadable (issue 39): there, red on a white badge
+        red = REJECTED_ON_SELECTED if cur else "color:#c62828"
+        if r.get("rejections"):  # the places named node by node, as the faded ○'s tooltip names its own
+            delta += rejected_mark(r.get("rejected", []), r.get("rejected_at", []), red)
+        if r.get("not_near_misses"):  # a lookalike or the model's own term: said, not marked as a failure
+            delta += not_near_miss_mark(r["not_near_misses"], r.get("not_near_miss_at"))
+        if r.get("op_gaps"):  # a gap in rlxviz's ops: the compiler's to fix, not faded as "nothing to fix"
+            delta += op_gap_mark(r["op_gaps"], r.get("op_gap_at"), r.get("lacks"), r.get("gap_workaround", False))
+        if r.get("crashed"):
+            delta += f" <b style='{red}'>CRASHED</b>"
+        style = "background:#1565c0;color:#fff;" if cur else "background:#f1f3f5;"
+        # 20 px a line (1 px padding and margin): wrapped to two lines at 1280 px, they cost the graph 40 px
+        cells.append(f"<span class='rv-chip' style='{style}padding:1px 6px;border-radius:10px;margin:1px 2px;"
+                     f"display:inline-block;white-space:nowrap;font-size:12px;line-height:16px' "
+                     f"title='{html_text(r['version'])}{gap}'>"
+                     f"{html_text(r['version'])}: <b>{r['nodes']}</b>{delta}</span>")
+    # the chips wrap onto more lines inside the pane (on one line they ran off its right edge); each stays whole
+    return ("<div style='display:flex;flex-wrap:wrap;align-items:center;max-width:100%'>"
+            "<span style='margin-right:4px'>ops per version:</span>" + "".join(cells) + "</div>")
+
+
 class VersionStepper(Viewer):
     """Step through versions: ◀ / ▶, a list of versions, a player; hide unchanged passes; node counts."""
 
@@ -264,38 +303,8 @@ class VersionStepper(Viewer):
         s.version = min(max(s.version + d, 0), max(len(s.version_labels) - 1, 0))
 
     def _counts(self) -> str:
-        rows = self.state.version_rows()
-        if not rows:
-            return ""
-        cells = []
-        for r in rows:
-            cur = r["#"] == self.state.version
-            gap = self.state.hidden_before(r["#"])
-            gap = f" ({gap}, hidden)" if gap else ""  # the numbers skip hidden steps: which ones
-            # the ops' change, then the other nodes' (a pass that removed dead weights only is no no-op)
-            said = [f"{r['change']:+d}"] * bool(r["change"]) + [r["others"]] * bool(r.get("others"))
-            delta = f" ({', '.join(said)})" if said else ""
-            if r.get("matches"):
-                delta += f" <span title='matches of this pass'>✓{r['matches']}</span>"
-            # red on the selected chip's dark blue was unreadable (issue 39): there, red on a white badge
-            red = REJECTED_ON_SELECTED if cur else "color:#c62828"
-            if r.get("rejections"):  # the places named node by node, as the faded ○'s tooltip names its own
-                delta += rejected_mark(r.get("rejected", []), r.get("rejected_at", []), red)
-            if r.get("not_near_misses"):  # a lookalike or the model's own term: said, not marked as a failure
-                delta += not_near_miss_mark(r["not_near_misses"], r.get("not_near_miss_at"))
-            if r.get("op_gaps"):  # a gap in rlxviz's ops: the compiler's to fix, not faded as "nothing to fix"
-                delta += op_gap_mark(r["op_gaps"], r.get("op_gap_at"), r.get("lacks"), r.get("gap_workaround", False))
-            if r.get("crashed"):
-                delta += f" <b style='{red}'>CRASHED</b>"
-            style = "background:#1565c0;color:#fff;" if cur else "background:#f1f3f5;"
-            # 20 px a line (1 px padding and margin): wrapped to two lines at 1280 px, they cost the graph 40 px
-            cells.append(f"<span class='rv-chip' style='{style}padding:1px 6px;border-radius:10px;margin:1px 2px;"
-                         f"display:inline-block;white-space:nowrap;font-size:12px;line-height:16px' "
-                         f"title='{html_text(r['version'])}{gap}'>"
-                         f"{html_text(r['version'])}: <b>{r['nodes']}</b>{delta}</span>")
-        # the chips wrap onto more lines inside the pane (on one line they ran off its right edge); each stays whole
-        return ("<div style='display:flex;flex-wrap:wrap;align-items:center;max-width:100%'>"
-                "<span style='margin-right:4px'>ops per version:</span>" + "".join(cells) + "</div>")
+        s = self.state
+        return counts_html(s.version_rows(), s.version, s.hidden_before)
 
     def _sync(self, *events: param.parameterized.Event) -> None:
         s = self.state
