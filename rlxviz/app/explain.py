@@ -36,6 +36,7 @@ from ..passes.trace import (
 from ..passes.why.places import gap_workaround, place_standings, place_status
 from ..passes.why.standing import standing as refusal_standing
 from ..passes.why.verdict import OP_GAP_GROUP, RunVerdict
+from ..session import host_words
 from ..session.tensors import summarize
 from ..viz.overlay import Followers, GapNames, all_versions, follower_note, gap_followers, gap_names
 from .inspector_text import (
@@ -236,7 +237,8 @@ def node_report(graph: Graph, node_id: int, trace: Trace | None = None,
         `trace`, `layer` and `place` say where it sits, `placement.sits`; `absorbed`: the ids it replaced itself),
         `record` (`Node.absorbed`, the IR line's `<-` list), `users` (lines), `is_output`, `weights` ((name,
         lines) per weight tensor, at most `WEIGHTS_SHOWN`),
-        `weights_held` (every weight's name, `weight_names`), `decisions`: `node_decisions`
+        `weights_held` (every weight's name, `weight_names`), `host`: where an `onnx_op` runs (`session.host_words`,
+        "" for any other node), `decisions`: `node_decisions`
         (one per decision of `trace` whose anchor, bindings, offending nodes or fused node is this node; messages
         and hints as `explain` words them, `report.in_context`: a "run P first" whose P ran says what P did), and
         `verdict`: the node's layer's verdict (`_verdict`); with `trace`, `made`: what a node a match made beside its
@@ -263,6 +265,7 @@ def node_report(graph: Graph, node_id: int, trace: Trace | None = None,
         "weights": node_weights(graph, n, weights) if weights else [],
         "weights_held": weight_names(graph, n, weights) if weights else [],
         "decisions": [], "verdict": None, "made": "", "onnx_own": bool(onnx_nodes) and n.id in onnx_nodes,
+        "host": host_words(n) or "",  # an `onnx_op`: it runs on the host, as `explain`'s line says of it
     }
     # the ONNX nodes it came from, through every fusion of the run (a fused attention: its MatMuls and Softmax)
     # each imported node named by one live node of `graph`, the one that computes it (`onnxorigin.onnx_claims`)
