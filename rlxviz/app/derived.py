@@ -422,17 +422,27 @@ class Derived:
         (`session.imported_forms`); [] for any other model."""
         return session.imported_forms(self.model) if self.model is not None else []
 
+    @param.depends("model")
+    def host_note(self) -> str:
+        """The line `rlxviz explain` prints of the shown model's nodes the IR has no op for, run on the host
+        (`session.describe_host`: `4 node(s) the IR has no op for ran on the host (ONNX Runtime): %626 Conv
+        'node_Conv_364', ...`); "" when it has none, or before a model is loaded."""
+        return (session.describe_host(self.model.graph) or "") if self.model is not None else ""
+
     def _file_note(self) -> str:
-        """`imported_forms` as Markdown paragraphs under the Why tab's heading ("" when there are none)."""
+        """`host_note` and `imported_forms` as Markdown paragraphs under the Why tab's heading, in the order
+        `explain` prints them above its verdict, every line escaped ("" when there are none)."""
+        host = f"**The model:** {md_lines(h)}\n\n" if (h := self.host_note()) else ""
         lines = self.imported_forms()
-        return "**The file:** " + md_lines("\n".join(lines)) + "\n\n" if lines else ""
+        return host + ("**The file:** " + md_lines("\n".join(lines)) + "\n\n" if lines else "")
 
     @param.depends(*RUN)
     def why_layer(self, layer: int) -> str:
         """"Why didn't layer N fuse?" as Markdown: the session's text (`LayerStatus.render`, the same the CLI
-        prints), every line escaped, under a heading; above it, what the file had already fused (`imported_forms`,
-        which `rlxviz explain` prints above its verdict). The heading is the layer's label as the text names it
-        (`passes.trace.layer_label`: `Decoder layer 0` in an encoder-decoder model, `Layer 0` else)."""
+        prints), every line escaped, under a heading; above it, the nodes that run on the host (`host_note`) and
+        what the file had already fused (`imported_forms`), which `rlxviz explain` prints above its verdict. The
+        heading is the layer's label as the text names it (`passes.trace.layer_label`: `Decoder layer 0` in an
+        encoder-decoder model, `Layer 0` else)."""
         label = layer_label(layer)
         return (f"### {label[:1].upper()}{label[1:]}\n\n" + self._file_note()
                 + md_lines(self.layer_status(layer).render(verbose=True)))
@@ -441,7 +451,7 @@ class Derived:
     def why_graph(self) -> str:
         """The Why tab for a graph without layer paths, as Markdown: the whole-graph answer `rlxviz explain` prints
         for it (`session.check_fusion`: the graph kind and its evidence, each missed fusion with its guard), every
-        line escaped; above it, what the file had already fused (`imported_forms`).
+        line escaped; above it, the nodes that run on the host and what the file had already fused (`_file_note`).
 
         Raises:
             SessionError: no run yet.

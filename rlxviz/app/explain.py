@@ -20,7 +20,7 @@ from ..ir.ops import made_as
 from ..ir.printer import format_value
 from ..passes.made import Credit, credit, made_in_run, made_words, remade_in_run, replaced
 from ..passes.pipeline import role_label
-from ..passes.placement import match_layer, sits
+from ..passes.placement import match_layer, outside_box, sits
 from ..passes.report import fix_line, in_context
 from ..passes.trace import (
     PassStep,
@@ -33,9 +33,11 @@ from ..passes.trace import (
     reading_order,
     whose_place,
 )
+from ..passes.why.facts import RunFacts
 from ..passes.why.places import gap_workaround, place_standings, place_status
 from ..passes.why.standing import standing as refusal_standing
 from ..passes.why.verdict import OP_GAP_GROUP, RunVerdict
+from ..session import host_words
 from ..session.tensors import summarize
 from ..viz.overlay import Followers, GapNames, all_versions, follower_note, gap_followers, gap_names
 from .inspector_text import (
@@ -66,7 +68,9 @@ def decision_rows(trace: Trace | None) -> list[dict[str, Any]]:
     candidate`: nodes that only look like the rule's input, a broadcast sum; no near-miss), `step` (index
     into `trace.steps`), `pass`, `rule`, `layer` (int or None), `stage`, `guard`, `why` (the guard's kind of
     "no": `illegal`, `not recognized`, `not profitable`; `also: ...` for a further failing guard of the same
-    candidate; empty, or `also`, where `kind` already says it: the model's own term is said once a row),
+    candidate; empty, or `also`, where `kind` already says it: the model's own term is said once a row), `place`
+    (for a row of no layer in a graph whose node paths name layers: the place outside the layers its node sits,
+    `placement.outside_box`, as `explain`'s `outside the layers: embeddings: ...` names it; "" for any other row),
     `anchor`, `message` (as `explain` words it, `report.in_context`: a "run P first" whose P ran before
     says what P decided there, its rejection on these nodes), `hint` (the fix, `report.fix_line`: the line `explain`
     prints after `fix:`, empty where it prints none, as where the message says it), `fix` (compiler-side), `nodes` (ids
@@ -77,6 +81,7 @@ def decision_rows(trace: Trace | None) -> list[dict[str, Any]]:
     if trace is None:
         return rows
     names = trace.step_names()  # a later run as its version is named (`fuse_sdpa#2`): a click finds that version
+    layered = bool(RunFacts.of(trace).layers)  # else no place is outside the layers: the whole graph is one
     for k, s in enumerate(trace.steps):
         for m in s.matches:
             nodes = sorted({m.anchor, *m.bindings.values(), *([m.fused] if m.fused is not None else [])})
@@ -94,7 +99,9 @@ def decision_rows(trace: Trace | None) -> list[dict[str, Any]]:
                          "passed; left out by " + ", ".join(dict.fromkeys(r.guard for r in left)),
                          "why": "", "fix": "", "anchor": m.anchor,
                          "message": made + (f", without {without}" if left and without else ""),
-                         "hint": "", "path": m.path, "nodes": nodes})
+                         "hint": "", "path": m.path, "nodes": nodes,
+                         "place": outside_box(trace, m.fused if fused is not None else m.anchor)
+                         if layer is None and layered else ""})
         status = {pl: place_status(head, st) for pl, (head, st) in place_standings(trace, k).items()}
         for r in s.rejections:
             nodes = list(dict.fromkeys([*r.offending, r.anchor]))
@@ -108,7 +115,8 @@ def decision_rows(trace: Trace | None) -> list[dict[str, Any]]:
             hint = fix_line(trace, k, r)  # the fix, never a copy of the message
             rows.append({"kind": kind, "step": k, "pass": names[k], "rule": r.rule,
                          "layer": r.layer, "stage": r.stage, "guard": r.guard, "why": why, "fix": r.fix,
-                         "anchor": r.anchor, "message": message, "hint": hint, "path": r.path, "nodes": nodes})
+                         "anchor": r.anchor, "message": message, "hint": hint, "path": r.path, "nodes": nodes,
+                         "place": outside_box(trace, r.anchor) if r.layer is None and layered else ""})
     key = reading_order(trace)
     rows.sort(key=lambda r: (key(r["layer"], r["anchor"]), r["step"]))  # stable: a pass's own order kept last
     position = anchor_position(trace)
@@ -236,7 +244,8 @@ def node_report(graph: Graph, node_id: int, trace: Trace | None = None,
         `trace`, `layer` and `place` say where it sits, `placement.sits`; `absorbed`: the ids it replaced itself),
         `record` (`Node.absorbed`, the IR line's `<-` list), `users` (lines), `is_output`, `weights` ((name,
         lines) per weight tensor, at most `WEIGHTS_SHOWN`),
-        `weights_held` (every weight's name, `weight_names`), `decisions`: `node_decisions`
+        `weights_held` (every weight's name, `weight_names`), `host`: where an `onnx_op` runs (`session.host_words`,
+        "" for any other node), `decisions`: `node_decisions`
         (one per decision of `trace` whose anchor, bindings, offending nodes or fused node is this node; messages
         and hints as `explain` words them, `report.in_context`: a "run P first" whose P ran says what P did), and
         `verdict`: the node's layer's verdict (`_verdict`); with `trace`, `made`: what a node a match made beside its
@@ -263,6 +272,7 @@ def node_report(graph: Graph, node_id: int, trace: Trace | None = None,
         "weights": node_weights(graph, n, weights) if weights else [],
         "weights_held": weight_names(graph, n, weights) if weights else [],
         "decisions": [], "verdict": None, "made": "", "onnx_own": bool(onnx_nodes) and n.id in onnx_nodes,
+        "host": host_words(n) or "",  # an `onnx_op`: it runs on the host, as `explain`'s line says of it
     }
     # the ONNX nodes it came from, through every fusion of the run (a fused attention: its MatMuls and Softmax)
     # each imported node named by one live node of `graph`, the one that computes it (`onnxorigin.onnx_claims`)

@@ -36,7 +36,8 @@ def weights_left(rep: Mapping[str, Any]) -> str:
 
 def report_markdown(rep: dict[str, Any]) -> str:
     """The inspector's text for a `node_report`. Every piece that comes from the model (path, attribute values,
-    operand and user lines, guard messages, the IR line) goes through `text.md_escape` / `md_code` / `md_pre`."""
+    operand and user lines, guard messages, the IR line, an `onnx_op`'s op type) goes through `text.md_escape` /
+    `md_code` / `md_pre`."""
     lines = [f"#### %{rep['id']} {md_code(rep['op'])} : {md_escape(rep['dtype'])}{md_escape(str(rep['shape']))}"]
     if rep["path"]:  # where it sits (`placement.sits`): a layer, or its place outside the layers (`final norm`)
         at = f" (layer {rep['layer']})" if rep["layer"] is not None else \
@@ -44,6 +45,8 @@ def report_markdown(rep: dict[str, Any]) -> str:
         lines.append(f"**provenance** {md_code(rep['path'])}{at}")
     if onnx := onnx_markdown(rep):  # the names Netron and Model Explorer show, so the node can be found there
         lines.append(onnx)
+    if rep.get("host"):  # an `onnx_op`: outside MLX, as `explain`'s "ran on the host" line names it
+        lines.append(f"**{md_escape(rep['host'])}**")
     # what it replaced itself (`passes.made.replaced`; a node made beside a product only the part it re-makes)
     replacing = ", replacing " + ", ".join(f"%{i}" + md_escape(f" ({w})" if (w := rep.get("was", {}).get(i)) else "")
                                            for i in rep["absorbed"]) if rep["absorbed"] else ""

@@ -237,8 +237,10 @@ class Runs:
                     self._checked = weakref.ref(model)
                 if checked is not None:  # the CLI's line, word for word (`session.fidelity`), after a switch's
                     # and what the file had already fused, as `explain` prints it below that line (the app said
-                    # nothing of ONNX Runtime's fusions: `session.imported_forms`)
-                    text = "; ".join([checked[0], *session.imported_forms(model)])
+                    # nothing of ONNX Runtime's fusions: `session.imported_forms`), the nodes run on the host before
+                    # it, as `explain` prints them (`session.describe_host`: the app never named them)
+                    host = session.describe_host(model.graph)
+                    text = "; ".join([checked[0], *([host] if host else []), *session.imported_forms(model)])
                     s.param.update(message=s.with_switch(text), message_kind="info" if checked[1] else "danger")
                 s._set_progress(80, "Drawing the graph…")
 

@@ -66,16 +66,34 @@ COLUMN_TITLES = {"hint": "fix", "fix": "compiler fix", "position": "pos", "ancho
 the model, "compiler fix:"): the table's "hint" held what the Why tab calls the fix, its "fix" the compiler fix.
 `position` and `anchor` are shortened to fit at 1280 px; their whole meaning is the header's tooltip
 (`HEADER_TIPS`)."""
-HEADER_TIPS = {"layer": "the layer of the anchor node", "position": "position: where the anchor node sits in the "
-               "graph's topological order (the rows' reading order)", "anchor": "anchor: the id of the node the "
-               "pattern was tried at (click the row to highlight it)", "hint": "fix: what to change in the model",
-               "fix": "compiler fix: what to change in the pass"}
+HEADER_TIPS = {"layer": "the layer of the anchor node, or its place outside the layers (embeddings, pooler, final "
+               "norm), as explain's 'outside the layers:' line names it",
+               "position": "position: where the anchor node sits in the graph's topological order (the rows' "
+               "reading order)",
+               "anchor": "anchor: the id of the node the pattern was tried at (click the row to highlight it)",
+               "hint": "fix: what to change in the model", "fix": "compiler fix: what to change in the pass"}
 """Each shortened or unclear header's tooltip."""
 
 ORDER_NOTE = ("Rows in reading order: by layer, then by where the anchor node sits in the graph (*position*: its "
               "place in the graph's topological order), then by pass; click a header to sort otherwise.")
 """How the table's rows are ordered (`explain.decision_rows`, `passes.trace.reading_order`), said under its title:
 the rows were sorted by kind, then pipeline order, an order a newcomer could not follow (issue 39)."""
+
+
+LAYER_SORTER = "alphanum"
+"""The layer column's sort (Tabulator's): layer numbers in numeric order, then the places outside the layers by
+name (`layer_cells`; an object column sorted as strings put layer 10 before layer 2)."""
+
+
+def layer_cells(rows: list[dict[str, Any]]) -> pd.Series:
+    """The table's layer column of `decision_rows` `rows`: each row's layer number, or for a row of no layer its
+    place outside the layers (`place`: `embeddings`, `pooler`, `final norm`: `placement.outside_box`, the name
+    `explain`'s `outside the layers:` line gives it; deit.ortopt's embeddings row read `-`); NA where neither (a graph
+    whose node paths name no layer). Int64 when no row names a place, else object (ints and strings)."""
+    cells = [int(r["layer"]) if r["layer"] is not None else (r.get("place") or None) for r in rows]
+    if any(isinstance(c, str) for c in cells):
+        return pd.Series(cells, dtype=object)
+    return pd.Series(cells, dtype="Int64")
 
 
 class DecisionTable(Viewer):
@@ -102,7 +120,8 @@ class DecisionTable(Viewer):
                             "layer": {"type": "number", "func": "=", "placeholder": "layer"},
                             "guard": {"type": "input", "func": "like", "placeholder": "guard"}},
             formatters={c: {"type": "textarea"} for c in WRAPPED}, widths=dict(COLUMN_WIDTHS),
-            titles=dict(COLUMN_TITLES), header_tooltips=dict(HEADER_TIPS))
+            titles=dict(COLUMN_TITLES), header_tooltips=dict(HEADER_TIPS),
+            configuration={"columns": [{"field": "layer", "sorter": LAYER_SORTER}]})
         self.table.on_click(self._clicked)
         self.about = pn.pane.Markdown("", css_classes=["rv-decisions-about"], margin=(0, 10),
                                       styles={"font-size": "13px"})
@@ -143,8 +162,10 @@ class DecisionTable(Viewer):
         if self.only.value and (k := self._step()) is not None:
             rows = [r for r in rows if r["step"] == k]
         self._rows = rows
-        return pd.DataFrame([{c: r[c] for c in self.columns} for r in rows], columns=self.columns).astype(
-            {"layer": "Int64", "position": "Int64"})
+        frame = pd.DataFrame([{c: r[c] for c in self.columns} for r in rows], columns=self.columns).astype(
+            {"position": "Int64"})
+        frame["layer"] = layer_cells(rows)
+        return frame
 
     def _clicked(self, event: Any) -> None:
         self.select_row(event.row)

@@ -47,8 +47,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
     """`rlxviz explain MODEL`: per layer, fused or the first rejecting guard; exit 1 if any layer did not fuse."""
     import json
 
-    from ..ir.onnx_op import describe_host
-    from ..session import Limits, imported_forms, load_inputs, variant_note
+    from ..session import Limits, describe_host, imported_forms, load_inputs, variant_note
     from ..session.advice import checked_verdict
     from ..session.exactness import ExactnessCheck, check_exactness
     from ..session.fidelity import unread_weights

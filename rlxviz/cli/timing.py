@@ -101,8 +101,7 @@ def cmd_time(args: argparse.Namespace) -> int:
     """`rlxviz time MODEL`: every graph version timed on MLX, checked against the NumPy reference; on the CPU also
     the final version on MLX's own lowering in the same rounds (the fusion / kernels split, unless `--no-split`).
     A busy run (`session.busy_warning`) is said before the table and reads no ratio; it is not a failure."""
-    from ..ir.onnx_op import describe_host
-    from ..session import format_timings, input_sets, load_inputs, shape_summary, timing_table
+    from ..session import describe_host, format_timings, input_sets, load_inputs, shape_summary, timing_table
     from ..session.lowerings import fusion_and_kernels_of
     from ..session.timing import time_versions_and_own
     from ..session.timing_text import json_speedup, kernel_rows

@@ -270,6 +270,15 @@ def describe_host(graph: Graph) -> str | None:
     return f"{len(nodes)} node(s) the IR has no op for ran on the host ({_engine()}): {listed}{more}"
 
 
+def host_words(n: Node) -> str | None:
+    """Where node `n` runs when it runs on the host (an `onnx_op`), in `describe_host`'s words: `This node runs on
+    the host (ONNX Runtime), outside MLX: the IR has no op for Conv`; None for any other node. The op type is the
+    file's text (data, not markup: a front end escapes it)."""
+    if n.op != Op.ONNX_OP:
+        return None
+    return f"This node runs on the host ({_engine()}), outside MLX: the IR has no op for {n.attrs['op_type']}"
+
+
 def _engine() -> str:
     try:
         import onnxruntime  # noqa: F401
@@ -279,4 +288,4 @@ def _engine() -> str:
 
 
 __all__ = ["HOST_SECONDS", "HostRunCache", "decode", "describe_host", "encode", "evaluate", "host_nodes", "host_run",
-           "ort_options", "quiet_ort"]
+           "host_words", "ort_options", "quiet_ort"]

@@ -23,10 +23,13 @@ One module per job:
 * `numerics`: what the fused lowering changes in the numbers (fast-math erf, `mx.addmm`'s rounding), measured.
 * `imported_forms` (`models.onnx.notes`): what an ONNX file had already fused (ONNX Runtime's optimizer) and its
   quantization steps, one line each: what `rlxviz explain` prints and the app's Why tab and load banner show.
+* `describe_host`, `host_words` (`ir.onnx_op`): the nodes the IR has no op for, run on the host (ONNX Runtime), in
+  one line (`rlxviz explain` and `rlxviz time`, the app's Why tab and load banner) and per node (the inspector).
 
 Errors a user can fix are `SessionError`s (one line); front ends match them by type.
 """
 
+from ..ir.onnx_op import describe_host, host_words
 from ..ir.text import ModelText, shown
 from ..models.onnx.notes import imported_forms
 from ..passes.architecture import LayerArchitecture as Architecture
@@ -112,7 +115,7 @@ from .variants import (
     variant_unavailable,
 )
 
-__all__ = ["ModelText", "shown", "imported_forms",
+__all__ = ["ModelText", "shown", "imported_forms", "describe_host", "host_words",
            "DEFAULT_BATCH", "DEFAULT_MAX_MEMORY_MB", "DEFAULT_REPEAT", "DEFAULT_SEQ", "DEFAULT_WARMUP",
            "DEPRECATED_MEMORY_ENV", "MAX_MEMORY_ENV", "MAX_REPEAT", "MAX_WARMUP", "check_rounds",
            "MODEL_WIDE", "OVER_THRESHOLD", "RLX_THRESHOLD", "gate_note", "variant_note",
