@@ -21,6 +21,11 @@ on a copy, so decomposed norms, GELUs and Hugging Face attention are seen as ops
   a keep mask, residual-norm fusions where post-norm, the MLP's fusions.
 * `attention_only`: attention and no MLP activation.
 * `no_attention`: everything else with no attention (an MLP, an embedding).
+* `unknown`: an attention and an MLP whose norm placement was not read (no norm op in the layer, as MobileBERT's
+  NoNorm, `x * w + b` after the residual add; or no norm that closes a residual sum or reads the residual stream):
+  no kind is guessed (the description says what is missing, the evidence what was found instead,
+  `_affine_after_sum`), so no kind's product is expected of it (no FusedTransformerLayer; FusedAttentionBlock where
+  its mask is a keep mask, as in any layer).
 
 The kind is a fact about the layer; what a kind is expected to fuse, and which rejections it does not count, is
 decided in `passes.why.policy` (`not_expected`), nowhere else.
@@ -57,7 +62,12 @@ DESCRIPTIONS = {
                      "encoder's output",
     "attention_only": "attention only (no MLP)",
     "no_attention": "no attention",
+    "unknown": "not one rlxviz recognizes (no LayerNorm or RMSNorm op in the layer, so no norm placement, pre- or "
+               "post-norm, to read)",
 }
+UNREAD_ORDER = ("not one rlxviz recognizes (no norm of the layer closes a residual sum or reads the residual stream, "
+                "so its norm placement, pre- or post-norm, is not read)")
+"""The `unknown` kind's words for a layer with norms whose placement `_norm_order` did not read."""
 
 
 _Entry = tuple[Graph, Graph, dict[int | None, LayerArchitecture], tuple[Rejection, ...]]
@@ -383,6 +393,27 @@ def _norm_order(g: Graph, n: Node) -> tuple[str, str] | None:
     return None
 
 
+def _affine_after_sum(g: Graph, nodes: list[Node]) -> list[str]:
+    """Evidence of each residual sum of `nodes` closed by a per-channel scale and shift with no normalization (`x * w
+    + b`, `w` and `b` weights of the last dim: MobileBERT's NoNorm): the sum (an add of two computed values of one
+    shape) feeds only the mul, which feeds only the add. [] when there is none."""
+    def weight(i: int, n: Node) -> bool:
+        return g[i].op in (Op.PARAM, Op.CONST) and tuple(g[i].shape) == tuple(n.shape[-1:])
+
+    out = []
+    for s in nodes:
+        if s.op != Op.ADD or any(g[i].op in (Op.PARAM, Op.CONST) or g[i].shape != s.shape for i in s.inputs):
+            continue
+        read, _ = readers(g, s.id)
+        if len(read) != 1 or (m := read[0]).op != Op.MUL or not any(weight(i, m) for i in m.inputs):
+            continue
+        b = list(g.users(m.id))
+        if len(b) == 1 and b[0].op == Op.ADD and any(weight(i, b[0]) for i in b[0].inputs):
+            out.append(f"residual sum {_label(s)} feeds only {_label(m)} -> {_label(b[0])}: a per-channel scale and "
+                       f"shift (x * w + b) with no normalization (MobileBERT's NoNorm)")
+    return out
+
+
 def _classify(g: Graph, layer: int | None, gelus: tuple[Rejection, ...] = (), real: Graph | None = None
               ) -> LayerArchitecture:
     """`layer`'s kind in `g` (prepared). `real`: the prepared graph as written when `g` is its view without QDQ
@@ -488,8 +519,11 @@ def _classify(g: Graph, layer: int | None, gelus: tuple[Rejection, ...] = (), re
         kind = "post_ln"
     elif norm == "RMSNorm" or (swiglu and not geglu):  # RoPE alone is GPT-NeoX's and Phi's too: pre-LN with RoPE
         kind = "llama"
-    else:
+    elif pre:
         kind = "pre_ln"
+    else:  # no norm placement read: no kind is guessed (MobileBERT's NoNorm layers)
+        kind = "unknown"
+        evidence += _affine_after_sum(g, nodes)
     extras = [norm if norm != "none" else "no norm"] + (["RoPE"] if rope else []) + (
         [("GeGLU" if geglu else "SwiGLU")] if swiglu else [])
     extras += list(dict.fromkeys(forms))
@@ -504,7 +538,7 @@ def _classify(g: Graph, layer: int | None, gelus: tuple[Rejection, ...] = (), re
     if qk is not None:
         extras.append("QK-norm")
     words = _llama_words(norm, rope, ("GeGLU" if geglu else "SwiGLU") if swiglu else None, position) \
-        if kind == "llama" else DESCRIPTIONS[kind]
+        if kind == "llama" else UNREAD_ORDER if kind == "unknown" and norms else DESCRIPTIONS[kind]
     return LayerArchitecture(kind, f"{words}; {', '.join(extras)}", norm, mask, rope, swiglu,
                              tuple(evidence), kv_cache, len(quant), integer is not None, qk is not None,
                              parallel if kind == "parallel" else 0)

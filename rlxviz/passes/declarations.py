@@ -12,7 +12,7 @@ from .guard import EPILOGUE_ACTIVATIONS
 from .pattern import RuleError
 from .spelling import close
 
-KINDS = ("post_ln", "pre_ln", "llama", "parallel", "cross_decoder", "attention_only", "no_attention")
+KINDS = ("post_ln", "pre_ln", "llama", "parallel", "cross_decoder", "attention_only", "no_attention", "unknown")
 """Every layer kind `passes.architecture.classify_layer` answers."""
 
 TRAITS = (*KINDS, "pre_norm", "kv_cache", "keep_mask", "no_mask", "causal_mask", "attention", "swiglu",
@@ -30,6 +30,7 @@ TRAIT_WORDS: dict[str, str] = {
     "post_ln": "a post-LN layer", "pre_ln": "a pre-LN layer", "llama": "a LLaMA-style layer",
     "parallel": "a parallel block", "cross_decoder": "a cross-attention decoder layer",
     "attention_only": "an attention-only graph", "no_attention": "a layer without attention",
+    "unknown": "a layer of a kind rlxviz does not recognize",
     "pre_norm": "a pre-norm layer", "kv_cache": "a layer whose attention reads a KV cache",
     "keep_mask": "a layer whose attention has a keep mask", "no_mask": "a layer whose attention has no mask",
     "causal_mask": "a layer whose attention has a causal mask",

@@ -170,13 +170,47 @@ def _projected_from(g: Graph, i: int) -> int | None:
     return None
 
 
+def qkv_sharing(q: int, k: int, v: int) -> str:
+    """Which of an attention's Q, K and V share the input they are projected from (node ids `q`, `k`, `v`):
+    `self` (one input), `cross` (K and V one input, Q another: a decoder's cross-attention), `qk` (Q and K one input,
+    V another: MobileBERT's bottleneck), `qv` (Q and V one input, K another) or `apart` (three inputs)."""
+    if q == k == v:
+        return "self"
+    return "cross" if k == v else "qk" if q == k else "qv" if q == v else "apart"
+
+
+_NOT_CROSS = "not cross-attention: K and V do not share an input"
+SHARING_WORDS: dict[str, tuple[str, str, str]] = {
+    "cross": ("Q and K/V come from different inputs: Q is projected from {q}, K and V from {k} (cross-attention)",
+              "cross-attention keeps its packed attention",
+              "a cross-attention block (a Q projection and a packed K/V projection)"),
+    "qk": ("V is projected from another input than Q and K: Q and K from {q}, V from {v} (self-attention with a "
+           f"separate V input, as in MobileBERT's bottleneck; {_NOT_CROSS})",
+           "V read from another input than Q and K is the model's own structure, and the attention stays packed",
+           "a block with a packed QK projection and a separate V projection (Q and K of one input, V of another)"),
+    "qv": ("K is projected from another input than Q and V: Q and V from {q}, K from {k} "
+           f"(self-attention with a separate K input; {_NOT_CROSS})",
+           "K read from another input than Q and V is the model's own structure, and the attention stays packed",
+           "a block with a packed QV projection and a separate K projection (Q and V of one input, K of another)"),
+    "apart": (f"Q, K and V are projected from three different inputs: Q from {{q}}, K from {{k}}, V from {{v}} "
+              f"({_NOT_CROSS})",
+              "three inputs to one attention are the model's own structure, and the attention stays packed",
+              "a block with three separate projections (Q, K and V each of its own input)"),
+}
+"""`qkv_sharing` form (all but `self`) -> (what the attention reads, `{q}`/`{k}`/`{v}` naming each projection's
+input; what stays the model's own, after `nothing to change in the model: `; the compiler fix: a block that would
+take the form): the words of `self_attention`'s refusal, one entry per form, so only K and V from one input other than
+Q's is called cross-attention."""
+
+
 @reports("self_attention", kind=MODEL_TERM, reads=("attn",))
 def _self_attention(c: Ctx) -> Fail | None:
-    """Q and K/V projected from one input (self-attention). Cross-attention (Q from the decoder, K/V from the
-    encoder) is the model's own structure: the block, one QKV projection of one hidden input, cannot hold it."""
+    """Q, K and V projected from one input (self-attention). Any other sharing (`qkv_sharing`: cross-attention, Q
+    from the decoder and K/V from the encoder; MobileBERT's V from another input than Q and K) is the model's own
+    structure: the block, one QKV projection of one hidden input, cannot hold it (`SHARING_WORDS` words each)."""
     g, attn = c.graph, c["attn"]
     q, k, v = (_projected_from(g, i) for i in attn.inputs[:3])
-    if q is None or k is None or v is None or q == k == v:
+    if q is None or k is None or v is None or (form := qkv_sharing(q, k, v)) == "self":
         return None
     kv = k if k == v else None
     what = (f"K and V from {c.name_of(kv)}" if kv is not None
@@ -192,11 +226,11 @@ def _self_attention(c: Ctx) -> Fail | None:
                     subject=attn.inputs[1], kind=MODEL_TERM,
                     fix="the block would need a KV input it does not own: a block variant that takes K/V as "
                         "operands (its own Q projection, another layer's K/V)")
+    reads, own, fix = SHARING_WORDS[form]
     return Fail("guard", "self_attention",
-                f"Q and K/V come from different inputs: Q is projected from {c.name_of(q)}, {what} "
-                f"(cross-attention); FusedAttentionBlock is the self-attention of one hidden input (one QKV "
-                f"projection)", (), (), "nothing to change in the model: cross-attention keeps its packed attention",
-                subject=q, kind=MODEL_TERM, fix="a cross-attention block (a Q projection and a packed K/V projection)")
+                f"{reads.format(q=c.name_of(q), k=c.name_of(k), v=c.name_of(v))}; FusedAttentionBlock is the "
+                f"self-attention of one hidden input (one QKV projection)", (), (),
+                f"nothing to change in the model: {own}", subject=q, kind=MODEL_TERM, fix=fix)
 
 
 def _rotated(tag: str) -> P:
@@ -467,5 +501,5 @@ fuse_attention_block = rule_pass("fuse_attention_block", [BLOCK], "QKV + attenti
 
 
 __all__ = ["BLOCK", "INTEGER_QKV_FIX", "INTEGER_QKV_GAP", "PRE_ROPE_SCALE_FIX", "PRE_ROPE_SCALE_GAP", "QK_NORM_FIX",
-           "QK_NORM_GAP", "fuse_attention_block",
+           "QK_NORM_GAP", "SHARING_WORDS", "fuse_attention_block", "qkv_sharing",
            "size_gate", "tokens"]
