@@ -237,10 +237,17 @@ export function render({ model, el }) {
   // naming one of those ops (or `%id`) finds the fused node after the exact hits, and the count says so ("softmax:
   // absorbed into FusedTransformerLayer %86 (layer 0) via FusedAttentionBlock %40"). null when `g` holds nothing the
   // query names.
+  // The ONNX node names of the run's imported nodes (`model.names`, `graphpane.onnx_names`): `named(key, q)` when node
+  // `key`'s ONNX node name holds `q` (node_Softmax_144, as the inspector shows it); `nameOf` the name for a note
+  const nameOf = (i) => (model.names || {})[`n${i}`] || '';
+  const named = (key, q) => !/^%/.test(q) && nameOf(key.slice(1)).toLowerCase().includes(q);
   const absorbedNote = (key, q) => { const rows = (model.absorbed || {})[key]; if (!rows) return null;
     const id = /^%(\d+)$/.exec(q);
-    const hit = rows.filter((r) => (id ? r[1].includes(Number(id[1])) : r[0] && r[0].toLowerCase().includes(q)));
-    const by = new Map(); for (const r of hit) by.set(r[2], new Set([...(by.get(r[2]) || []), id ? q : r[0]]));
+    const byName = (r) => (id ? [] : r[1].filter((i) => named(`n${i}`, q)).map(nameOf));
+    const hit = rows.filter((r) => (id ? r[1].includes(Number(id[1])) : (r[0] && r[0].toLowerCase().includes(q))
+      || byName(r).length));
+    const said = (r) => (id ? [q] : r[0] && r[0].toLowerCase().includes(q) ? [r[0]] : byName(r).map((n) => `${n} (${r[0]})`));
+    const by = new Map(); for (const r of hit) by.set(r[2], new Set([...(by.get(r[2]) || []), ...said(r)]));
     return hit.length ? [...by].map(([note, ops]) => `${[...ops].join(', ')}: ${note}`).join('; ') : null; };
   // A hit: {key, g, note}. `key` names the node the hit is (`n<id>`, drawn or inside a folded box), `g` the drawn
   // element that shows it (the node, or the folded layer's box that holds it), `note` the absorbed note or ''.
@@ -260,11 +267,11 @@ export function render({ model, el }) {
   // `model.folded` lists them ({layerN: [[id, own text], ...]}); Enter on such a hit opens the layer, and the
   // node is centred once the layer is drawn.
   const folded = (q) => { const id = /^%(\d+)$/.exec(q);  // a node of a box's list: [id, own text]
-    return id ? (n) => n[0] === Number(id[1]) : (n) => n[1].includes(q); };
+    return id ? (n) => n[0] === Number(id[1]) : (n) => n[1].includes(q) || named(`n${n[0]}`, q); };
   // a folded node whose match is only in the ops it absorbed ranks with the absorbed hits, as it does drawn
-  const ownFolded = (q) => (n) => n[1].split('\nabsorbed ops: ')[0].includes(q);
+  const ownFolded = (q) => (n) => n[1].split('\nabsorbed ops: ')[0].includes(q) || named(`n${n[0]}`, q);
   const matches = (q) => { const id = /^%(\d+)$/.exec(q);  // %37: that node only, not %370 nor its users
-    return id ? (g) => g.id === `n${id[1]}` : (g) => own(g).includes(q); };
+    return id ? (g) => g.id === `n${id[1]}` : (g) => own(g).includes(q) || named(g.id, q); };
   // A layer's box (or its cluster, drawn open): `layer3`, or `layer_decoder_0` in an encoder-decoder model (the stack
   // may hold `.` and `_`); its id goes to Python whole (`viz.box_layer`): the index alone could not tell encoder
   // layer 0 from decoder layer 0, and `layer_decoder_0` gave NaN, so the click opened nothing.
@@ -359,7 +366,7 @@ export function render({ model, el }) {
   // another model's index can arrive after its picture (setSvg searched the new picture with the old index: a
   // kept "softmax" read "no match" on minilm until retyped): search again with it
   const research = () => { hits = []; if (search.value) find('again'); };
-  model.on('absorbed', research); model.on('folded', research); model.on('order', research);
+  model.on('absorbed', research); model.on('folded', research); model.on('names', research); model.on('order', research);
   model.on('highlight', () => { staleMarks = false; mark(true); }); model.on('selected', () => mark(false));
   model.on('related', () => mark(false));
   model.on('title', () => { title.textContent = title.title = model.title || ''; });
