@@ -241,6 +241,9 @@ export function render({ model, el }) {
   // `key`'s ONNX node name holds `q` (node_Softmax_144, as the inspector shows it); `nameOf` the name for a note
   const nameOf = (i) => (model.names || {})[`n${i}`] || '';
   const named = (key, q) => !/^%/.test(q) && nameOf(key.slice(1)).toLowerCase().includes(q);
+  // a node found by its ONNX node name only ranks with the absorbed hits, its note naming the ONNX node (a QDQ model's
+  // `..._Softmax_output_QuantizeLinear` nodes come after the softmax ops for `softmax`)
+  const nameNote = (key, q) => (named(key, q) ? `ONNX node ${nameOf(key.slice(1))}` : null);
   const absorbedNote = (key, q) => { const rows = (model.absorbed || {})[key]; if (!rows) return null;
     const id = /^%(\d+)$/.exec(q);
     const byName = (r) => (id ? [] : r[1].filter((i) => named(`n${i}`, q)).map(nameOf));
@@ -267,11 +270,11 @@ export function render({ model, el }) {
   // `model.folded` lists them ({layerN: [[id, own text], ...]}); Enter on such a hit opens the layer, and the
   // node is centred once the layer is drawn.
   const folded = (q) => { const id = /^%(\d+)$/.exec(q);  // a node of a box's list: [id, own text]
-    return id ? (n) => n[0] === Number(id[1]) : (n) => n[1].includes(q) || named(`n${n[0]}`, q); };
+    return id ? (n) => n[0] === Number(id[1]) : (n) => n[1].includes(q); };
   // a folded node whose match is only in the ops it absorbed ranks with the absorbed hits, as it does drawn
-  const ownFolded = (q) => (n) => n[1].split('\nabsorbed ops: ')[0].includes(q) || named(`n${n[0]}`, q);
+  const ownFolded = (q) => (n) => n[1].split('\nabsorbed ops: ')[0].includes(q);
   const matches = (q) => { const id = /^%(\d+)$/.exec(q);  // %37: that node only, not %370 nor its users
-    return id ? (g) => g.id === `n${id[1]}` : (g) => own(g).includes(q) || named(g.id, q); };
+    return id ? (g) => g.id === `n${id[1]}` : (g) => own(g).includes(q); };
   // A layer's box (or its cluster, drawn open): `layer3`, or `layer_decoder_0` in an encoder-decoder model (the stack
   // may hold `.` and `_`); its id goes to Python whole (`viz.box_layer`): the index alone could not tell encoder
   // layer 0 from decoder layer 0, and `layer_decoder_0` gave NaN, so the click opened nothing.
@@ -286,10 +289,10 @@ export function render({ model, el }) {
       if (!/^n\d+$/.test(g.id) && (model.folded || {})[g.id]) {
         for (const n of model.folded[g.id]) { const h = { key: `n${n[0]}`, g, note: '', id: n[0] };
           if (test(n) && (isId || mine(n))) exact.push(h);
-          else if ((h.note = absorbedNote(h.key, q) || '') || test(n)) deep.push(h); }
+          else if ((h.note = absorbedNote(h.key, q) || nameNote(h.key, q) || '') || test(n)) deep.push(h); }
         continue; }
       if (match(g)) { exact.push({ key: g.id, g, note: '', id: /^n\d+$/.test(g.id) ? Number(g.id.slice(1)) : null }); continue; }
-      const note = absorbedNote(g.id, q);
+      const note = absorbedNote(g.id, q) || nameNote(g.id, q);
       if (note) deep.push({ key: g.id, g, note, id: /^n\d+$/.test(g.id) ? Number(g.id.slice(1)) : null }); }
     const rank = new Map((model.order || []).map((i, k) => [i, k]));
     const pos = (h) => (h.id !== null && rank.has(h.id) ? rank.get(h.id) : Infinity);

@@ -210,9 +210,9 @@ def kept_query(query: str, was: str | None, now: str | None) -> str:
 def onnx_names(onnx_nodes: Mapping[int, tuple[str, str, str]] | None) -> dict[str, str]:
     """The search's index of ONNX node names (`SvgGraph.names`): `n<id>` -> the name of the ONNX node that IR node
     `id` was imported from (`Model.meta["onnx_nodes"]`, as the inspector reads it), for each named one; {} for a model
-    not read from ONNX. Node ids are never reused, so one index serves every version of the run: a later version's
-    node kept its id, and a fused node lists the imported ids it absorbed (`absorbed_index`). Made once per model
-    (`OnnxNames`)."""
+    not read from ONNX. A node found by its name alone ranks after the exact hits, noted `ONNX node <name>`. Node ids
+    are never reused, so one index serves every version of the run: a later version's node kept its id, and a fused
+    node lists the imported ids it absorbed (`absorbed_index`). Made once per model (`OnnxNames`)."""
     return {f"n{i}": name for i, (_, name, *_) in (onnx_nodes or {}).items() if name}
 
 
@@ -245,8 +245,9 @@ def search_order(order: list[int], drawn: dict[int, str], folded: dict[str, list
         folded: the folded boxes' nodes, `{"layer<i>": [[id, text], ...]}`.
         absorbed: `absorbed_index` of the drawn fused nodes.
         query: the box's text; "" finds nothing.
-        names: `onnx_names` of the run's model: a node imported from an ONNX node of a matching name is an exact hit,
-            a fused node that absorbed one a hit after them (the browser's `named`).
+        names: `onnx_names` of the run's model: a node imported from an ONNX node of a matching name, and a fused
+            node that absorbed one, are hits after the exact ones (the browser's `nameNote`, `absorbedNote`: a QDQ
+            model's `..._Softmax_output_QuantizeLinear` nodes come after its softmax ops for `softmax`).
     """
     q = query.strip().lower()
     if not q:
@@ -267,14 +268,14 @@ def search_order(order: list[int], drawn: dict[int, str], folded: dict[str, list
     for rows in folded.values():
         for i, text in rows:
             assert isinstance(i, int) and isinstance(text, str)
-            if (i == int(m[1])) if m else q in text.split("\nabsorbed ops: ")[0] or named(i):
+            if (i == int(m[1])) if m else q in text.split("\nabsorbed ops: ")[0]:
                 exact.append(i)
-            elif holds(i) or (not m and q in text):
+            elif holds(i) or named(i) or (not m and q in text):
                 deep.append(i)
     for i, tip in drawn.items():
-        if search_hits({i: tip}, q) or named(i):
+        if search_hits({i: tip}, q):
             exact.append(i)
-        elif holds(i):
+        elif holds(i) or named(i):
             deep.append(i)
     rank = {i: k for k, i in enumerate(order)}
     out: list[int] = []
