@@ -99,3 +99,20 @@ def test_no_engine_found_is_unchanged(monkeypatch):
     with pytest.raises(LayoutError, match="no Graphviz engine"):
         engine.layout("digraph g { a }")
     assert os.environ.get("RLXVIZ_ENGINE") is None
+
+
+def test_the_page_says_a_layout_failure_without_its_type_name(monkeypatch):
+    from rlxviz.app.stale import safe
+
+    def crash() -> str:
+        raise LayoutError(failure_text("system", -11, "", 1290, 31.0))
+
+    _, said = safe(crash)
+    assert said.startswith("[layout] the drawing of 1290 nodes failed after 31 s: the layout program (system) crashed "
+                           "(SIGSEGV); fold layers"), said
+    assert safe(lambda: 1 / 0)[1] == "ZeroDivisionError: division by zero"  # others keep their type's name
+
+
+def test_the_docs_say_the_limit():
+    docs = (Path(__file__).parent.parent / "docs" / "app.md").read_text(encoding="utf-8")
+    assert f"a layer of more than {OPEN_IN_PLACE_NODES} ops" in docs
