@@ -1,6 +1,6 @@
 """A layer too big to open among the layer view's boxes is drawn alone, and a failed layout says what happened.
 
-Newcomer run (convbert.qdq, 2739 ops, auto view = layer boxes): `softmax`, Enter. The search opened layer 0 (1287
+Newcomer run (convbert.qdq, 2739 ops, auto view = layer boxes): `softmax`, Enter. The search opened layer 0 (1289
 ops) in place; Graphviz 2.43's `dot` crashed on that drawing (SIGSEGV) after 30-40 s and the pane said only
 `Not shown: LayoutError: [layout] system failed (exit -11):`. Now a layer past `OPEN_IN_PLACE_NODES` ops is drawn
 alone, as the focus view draws it (laid out in about a second), so the search's hit is drawn and centred; opening a

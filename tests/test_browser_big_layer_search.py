@@ -1,5 +1,5 @@
 """Newcomer run, in a real browser: convbert.qdq (2739 ops, the auto view draws layer boxes), `softmax`, Enter. The
-search opened layer 0 (1287 ops) among the boxes; Graphviz's `dot` crashed on it after 30-40 s and the pane read
+search opened layer 0 (1289 ops) among the boxes; Graphviz's `dot` crashed on it after 30-40 s and the pane read
 `Not shown: LayoutError: [layout] system failed (exit -11):`, the counter `no match`. Now the layer is drawn alone
 (`session.render.OPEN_IN_PLACE_NODES`) and the hit is drawn and centred; `test_big_layer_opens_alone.py` checks the
 drawing in Python.

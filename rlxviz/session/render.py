@@ -339,9 +339,9 @@ def picture(source: Trace | Graph, v: View, heat: Heat = ()) -> tuple[Graph, Ove
 OPEN_IN_PLACE_NODES = 300
 """Most ops the layer view draws open among its boxes (`View.expanded`); past it the open layer is drawn alone, as
 the focus view draws it (`drawn_alone`). Measured on a busy 2-core EPYC with Graphviz 2.43: convbert.qdq's layer 0,
-1287 ops, drawn open among the boxes crashed `dot` (SIGSEGV) after 25-40 s (graphviz-pure: 35 s of CPU), the same
-ops drawn alone laid out in 0.9 s; convbert.qdyn's layer 0, 311 ops, took 9 s open among the boxes, falcon's 44
-0.2 s."""
+1289 ops, drawn open among the boxes crashed `dot` (SIGSEGV) after 25-40 s (graphviz-pure: 35 s of CPU), the same
+ops drawn alone laid out in 0.7-0.9 s; convbert.qdyn's layer 0, about 310 ops, took 9 s open among the boxes,
+falcon's (about 40) 0.2 s."""
 
 
 def open_nodes(graph: Graph, layers: Collection[Layer | int]) -> int:

@@ -154,7 +154,7 @@ def drawn_nodes(dot: str) -> int:
 
 def failure_text(engine: str, code: int, stderr: str, nodes: int, seconds: float) -> str:
     """The message of a layout run that failed: what was drawn, what happened, what to do. A crash (killed by a
-    signal, `code` < 0: Graphviz 2.43's `dot` died of SIGSEGV after 25-40 s on convbert.qdq's 1287-node layer drawn
+    signal, `code` < 0: Graphviz 2.43's `dot` died of SIGSEGV after 25-40 s on convbert.qdq's 1289-op layer drawn
     open among the layer boxes) says so in words, never `exit -11:` alone; a program that said why is quoted.
 
     Args:
