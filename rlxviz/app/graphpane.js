@@ -237,10 +237,20 @@ export function render({ model, el }) {
   // naming one of those ops (or `%id`) finds the fused node after the exact hits, and the count says so ("softmax:
   // absorbed into FusedTransformerLayer %86 (layer 0) via FusedAttentionBlock %40"). null when `g` holds nothing the
   // query names.
+  // The ONNX node names of the run's imported nodes (`model.names`, `graphpane.onnx_names`): `named(key, q)` when node
+  // `key`'s ONNX node name holds `q` (node_Softmax_144, as the inspector shows it); `nameOf` the name for a note
+  const nameOf = (i) => (model.names || {})[`n${i}`] || '';
+  const named = (key, q) => !/^%/.test(q) && nameOf(key.slice(1)).toLowerCase().includes(q);
+  // a node found by its ONNX node name only ranks with the absorbed hits, its note naming the ONNX node (a QDQ model's
+  // `..._Softmax_output_QuantizeLinear` nodes come after the softmax ops for `softmax`)
+  const nameNote = (key, q) => (named(key, q) ? `ONNX node ${nameOf(key.slice(1))}` : null);
   const absorbedNote = (key, q) => { const rows = (model.absorbed || {})[key]; if (!rows) return null;
     const id = /^%(\d+)$/.exec(q);
-    const hit = rows.filter((r) => (id ? r[1].includes(Number(id[1])) : r[0] && r[0].toLowerCase().includes(q)));
-    const by = new Map(); for (const r of hit) by.set(r[2], new Set([...(by.get(r[2]) || []), id ? q : r[0]]));
+    const byName = (r) => (id ? [] : r[1].filter((i) => named(`n${i}`, q)).map(nameOf));
+    const hit = rows.filter((r) => (id ? r[1].includes(Number(id[1])) : (r[0] && r[0].toLowerCase().includes(q))
+      || byName(r).length));
+    const said = (r) => (id ? [q] : r[0] && r[0].toLowerCase().includes(q) ? [r[0]] : byName(r).map((n) => `${n} (${r[0]})`));
+    const by = new Map(); for (const r of hit) by.set(r[2], new Set([...(by.get(r[2]) || []), ...said(r)]));
     return hit.length ? [...by].map(([note, ops]) => `${[...ops].join(', ')}: ${note}`).join('; ') : null; };
   // A hit: {key, g, note}. `key` names the node the hit is (`n<id>`, drawn or inside a folded box), `g` the drawn
   // element that shows it (the node, or the folded layer's box that holds it), `note` the absorbed note or ''.
@@ -279,10 +289,10 @@ export function render({ model, el }) {
       if (!/^n\d+$/.test(g.id) && (model.folded || {})[g.id]) {
         for (const n of model.folded[g.id]) { const h = { key: `n${n[0]}`, g, note: '', id: n[0] };
           if (test(n) && (isId || mine(n))) exact.push(h);
-          else if ((h.note = absorbedNote(h.key, q) || '') || test(n)) deep.push(h); }
+          else if ((h.note = absorbedNote(h.key, q) || nameNote(h.key, q) || '') || test(n)) deep.push(h); }
         continue; }
       if (match(g)) { exact.push({ key: g.id, g, note: '', id: /^n\d+$/.test(g.id) ? Number(g.id.slice(1)) : null }); continue; }
-      const note = absorbedNote(g.id, q);
+      const note = absorbedNote(g.id, q) || nameNote(g.id, q);
       if (note) deep.push({ key: g.id, g, note, id: /^n\d+$/.test(g.id) ? Number(g.id.slice(1)) : null }); }
     const rank = new Map((model.order || []).map((i, k) => [i, k]));
     const pos = (h) => (h.id !== null && rank.has(h.id) ? rank.get(h.id) : Infinity);
@@ -359,7 +369,7 @@ export function render({ model, el }) {
   // another model's index can arrive after its picture (setSvg searched the new picture with the old index: a
   // kept "softmax" read "no match" on minilm until retyped): search again with it
   const research = () => { hits = []; if (search.value) find('again'); };
-  model.on('absorbed', research); model.on('folded', research); model.on('order', research);
+  model.on('absorbed', research); model.on('folded', research); model.on('names', research); model.on('order', research);
   model.on('highlight', () => { staleMarks = false; mark(true); }); model.on('selected', () => mark(false));
   model.on('related', () => mark(false));
   model.on('title', () => { title.textContent = title.title = model.title || ''; });

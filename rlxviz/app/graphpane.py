@@ -40,6 +40,7 @@ from __future__ import annotations
 import html
 import json
 import re
+from collections.abc import Mapping
 from pathlib import Path
 
 import param
@@ -112,6 +113,8 @@ class SvgGraph(JSComponent):
             (`folded_index`): the search finds them through their box, and Enter on that hit opens the layer.
         absorbed: what each drawn fused node holds at any depth, `{"n<id>": [[op, [ids], note], ...]}`
             (`absorbed_index`): the search finds the fused node for a held op or `%id`, with the note.
+        names: the ONNX node name of each node of the run imported from ONNX, `{"n<id>": name}` (`onnx_names`):
+            the search finds a node by the name the inspector shows, and a fused node that absorbed it (the note).
     """
 
     svg = param.String("")
@@ -129,6 +132,7 @@ class SvgGraph(JSComponent):
     sync = param.String("")
     folded = param.Dict(default={})
     absorbed = param.Dict(default={})
+    names = param.Dict(default={})
     order = param.List(default=[], item_type=int, doc="The graph's node ids in graph order: the order of the search's "
                        "hits, the same whichever layers are open (`search_order`); [] keeps the drawing's order.")
     legend = param.String("", doc="HTML of a folded legend in the picture's corner (`ops_legend_html`), or ''.")
@@ -203,8 +207,33 @@ def kept_query(query: str, was: str | None, now: str | None) -> str:
     return "" if a and b and a != b and NODE_QUERY.match(query) else query
 
 
+def onnx_names(onnx_nodes: Mapping[int, tuple[str, str, str]] | None) -> dict[str, str]:
+    """The search's index of ONNX node names (`SvgGraph.names`): `n<id>` -> the name of the ONNX node that IR node
+    `id` was imported from (`Model.meta["onnx_nodes"]`, as the inspector reads it), for each named one; {} for a model
+    not read from ONNX. A node found by its name alone ranks after the exact hits, noted `ONNX node <name>`. Node ids
+    are never reused, so one index serves every version of the run: a later version's node kept its id, and a fused
+    node lists the imported ids it absorbed (`absorbed_index`). Made once per model (`OnnxNames`)."""
+    return {f"n{i}": name for i, (_, name, *_) in (onnx_nodes or {}).items() if name}
+
+
+class OnnxNames:
+    """`onnx_names` of the model last asked for, made once per model (the search index goes to the browser with each
+    picture; a model of 4000 imported nodes is not re-read at each version step)."""
+
+    def __init__(self) -> None:
+        self._of: object = None
+        self._names: dict[str, str] = {}
+
+    def __call__(self, onnx_nodes: Mapping[int, tuple[str, str, str]] | None) -> dict[str, str]:
+        """`onnx_names(onnx_nodes)`, the same dict while `onnx_nodes` is the same object."""
+        if onnx_nodes is not self._of:
+            self._of, self._names = onnx_nodes, onnx_names(onnx_nodes)
+        return self._names
+
+
 def search_order(order: list[int], drawn: dict[int, str], folded: dict[str, list[list[int | str]]],
-                 absorbed: dict[str, list[list[object]]], query: str) -> list[int]:
+                 absorbed: dict[str, list[list[object]]], query: str,
+                 names: Mapping[str, str] | None = None) -> list[int]:
     """The node ids the search box steps through for `query`, in the order Enter visits them (the browser's
     `collect`, `_ESM`): exact hits, then fused nodes that absorbed a match (found only through their `absorbed ops`),
     each part in graph order `order` (`SvgGraph.order`). A node inside a folded box (`folded`, `folded_index`) is a
@@ -216,16 +245,24 @@ def search_order(order: list[int], drawn: dict[int, str], folded: dict[str, list
         folded: the folded boxes' nodes, `{"layer<i>": [[id, text], ...]}`.
         absorbed: `absorbed_index` of the drawn fused nodes.
         query: the box's text; "" finds nothing.
+        names: `onnx_names` of the run's model: a node imported from an ONNX node of a matching name, and a fused
+            node that absorbed one, are hits after the exact ones (the browser's `nameNote`, `absorbedNote`: a QDQ
+            model's `..._Softmax_output_QuantizeLinear` nodes come after its softmax ops for `softmax`).
     """
     q = query.strip().lower()
     if not q:
         return []
     m = re.fullmatch(r"%(\d+)", q)
+    names = names or {}
     exact: list[int] = []
     deep: list[int] = []
 
+    def named(i: object) -> bool:  # the ONNX node `i` came from has a matching name (never for a `%id` query)
+        return not m and q in names.get(f"n{i}", "").lower()
+
     def holds(i: int) -> bool:  # the browser's `absorbedNote`
-        return any((int(m[1]) in ids) if m else bool(op) and q in str(op).lower()  # type: ignore[operator]
+        return any((int(m[1]) in ids) if m else (bool(op) and q in str(op).lower())  # type: ignore[operator]
+                   or any(named(j) for j in ids)  # type: ignore[attr-defined]
                    for op, ids, _ in absorbed.get(f"n{i}", []))
 
     for rows in folded.values():
@@ -233,12 +270,12 @@ def search_order(order: list[int], drawn: dict[int, str], folded: dict[str, list
             assert isinstance(i, int) and isinstance(text, str)
             if (i == int(m[1])) if m else q in text.split("\nabsorbed ops: ")[0]:
                 exact.append(i)
-            elif holds(i) or (not m and q in text):
+            elif holds(i) or named(i) or (not m and q in text):
                 deep.append(i)
     for i, tip in drawn.items():
         if search_hits({i: tip}, q):
             exact.append(i)
-        elif holds(i):
+        elif holds(i) or named(i):
             deep.append(i)
     rank = {i: k for k, i in enumerate(order)}
     out: list[int] = []

@@ -21,7 +21,7 @@ from ..passes.why.verdict import OP_GAP_GROUP
 from ..session.overlays import UNITS
 from ..viz import box_layer
 from .explain import counterpart_line, counterparts, made_once, node_report, report_markdown
-from .graphpane import SvgGraph, ZoomScope, absorbed_index, folded_index, ops_legend_html
+from .graphpane import OnnxNames, SvgGraph, ZoomScope, absorbed_index, folded_index, ops_legend_html
 from .irdiff import diff_table, side_by_side
 from .irtext import IRText
 from .stale import StaleMark, safe
@@ -347,6 +347,7 @@ class GraphCompare(Viewer):
         self.row = pn.Row(self.after, sizing_mode="stretch_both")
         self.stale = StaleMark(s, "graph", self.before, self.after)
         self._zoom = ZoomScope()
+        self._names = OnnxNames()  # the search's ONNX node names, once per model
         s.param.watch(self._draw, ["model", "trace", "version", "view", "selected_layer", "expanded_layers",
                                    "node_figures"])
         s.param.watch(self._mark, ["highlight", "selected_node"])
@@ -371,14 +372,15 @@ class GraphCompare(Viewer):
         self.after.param.update(svg=svg or "", title=f"{s.version_labels[k] if s.version_labels else 'input'}",
                                 caption=cap or "",
                                 scope=scope, folded=self._folded(s.current_graph) if folded else {},
-                                absorbed=self._absorbed(s.current_graph), order=self._order(s.current_graph))
+                                absorbed=self._absorbed(s.current_graph), order=self._order(s.current_graph),
+                                names=self._onnx_names())
         if step is not None:
             prev, err2 = safe(s.svg_before, k)
             cap, _ = safe(s.caption, k, None, "before")
             self.before.param.update(svg=prev or "", title=f"before {step.pass_name}", scope=scope, caption=cap or "",
                                      folded=self._folded(s.previous_graph) if folded else {},
                                      absorbed=self._absorbed(s.previous_graph),
-                                     order=self._order(s.previous_graph))
+                                     order=self._order(s.previous_graph), names=self._onnx_names())
             err = err or err2
         want = [self.before, self.after] if step is not None else [self.after]
         if list(self.row.objects) != want:
@@ -411,6 +413,11 @@ class GraphCompare(Viewer):
     def _order(graph: Graph | None) -> list[int]:
         """The graph's node ids in graph order: the order of the search's hits (`SvgGraph.order`)."""
         return [n.id for n in graph] if graph is not None else []
+
+    def _onnx_names(self) -> dict[str, str]:
+        """The ONNX node names of the model shown, for the search (`graphpane.onnx_names`); {} for none."""
+        m = self.state.model
+        return self._names(m.meta.get("onnx_nodes") if m is not None else None)
 
     def _absorbed(self, graph: Graph | None) -> dict[str, list[list[object]]]:
         """What each fused node of `graph` holds at any depth, for the search (`graphpane.absorbed_index`)."""

@@ -8,14 +8,21 @@ from typing import Any
 import panel as pn
 import param
 
+from ..viz import GraphTooLarge, LayoutError
 from .state import AppState
 from .text import md_escape
 
+SAID_AS_IS = (LayoutError, GraphTooLarge)
+"""Errors whose message is written for the page (what was drawn, what happened, what to do): shown without their
+type's name (`LayoutError: [layout] system failed (exit -11):` read as an internal crash line)."""
+
 
 def safe(fn: Any, *args: Any) -> tuple[Any, str | None]:
-    """`(fn(*args), None)`, or `(None, "TypeName: message")` when it raised."""
+    """`(fn(*args), None)`, or `(None, "TypeName: message")` when it raised (the message alone for `SAID_AS_IS`)."""
     try:
         return fn(*args), None
+    except SAID_AS_IS as e:
+        return None, str(e)
     except Exception as e:  # noqa: BLE001 - shown in the page instead of breaking the view
         return None, f"{type(e).__name__}: {e}"
 

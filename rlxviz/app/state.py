@@ -31,6 +31,7 @@ from ..passes import Trace, layer_of
 from ..passes.trace import Layer, own_key
 from ..runtime.devices import available_devices
 from ..session.overlays import KINDS
+from ..session.render import OPEN_IN_PLACE_NODES, open_nodes
 from .derived import FULL_VIEW_LAYERS, FULL_VIEW_LIMIT, Derived
 from .jobs import Runner
 from .measure import TIMING_RUNS, Measurements
@@ -414,11 +415,15 @@ class AppState(Derived, PipelineEdits, param.Parameterized):
         it also becomes the selected layer (the one "focus" and "why didn't layer N fuse?" show). `layer` is the
         model's key (`viz.box_layer` of the box's id: `Layer(0, "decoder")` for `layer_decoder_0`) or a plain index
         (the first stack's layer of that index, `own_key`): only that box opens or folds, never the other stack's
-        layer of its index."""
+        layer of its index. A layer whose opening would put more than `session.render.OPEN_IN_PLACE_NODES` ops in
+        place opens alone, the others folding (the search's Enter on a hit in convbert.qdq's layer 1, layer 0 open)."""
         layer = own_key(self.layers(), layer)
         open_ = [i for i in self.expanded_layers if i != layer]
         if layer not in self.expanded_layers:
             open_.append(layer)
+            g = self.current_graph
+            if g is not None and len(open_) > 1 and open_nodes(g, open_) > OPEN_IN_PLACE_NODES:
+                open_ = [layer]  # too many to open together: this layer opens, the others fold
         self.param.update(expanded_layers=open_, selected_layer=layer)
 
     # ============================================================ decisions, layers, timing

@@ -15,7 +15,7 @@ from ..passes.why.places import LEFT_OUT_STATUS, REJECTED
 from ..passes.why.verdict import STANDING_GROUPS
 from ..session import SessionError
 from .explain import decision_rows
-from .graphpane import SvgGraph, ZoomScope, absorbed_index
+from .graphpane import OnnxNames, SvgGraph, ZoomScope, absorbed_index
 from .stale import StaleMark, safe
 from .state import AppState
 from .text import md_escape, select_width
@@ -208,6 +208,7 @@ class WhyView(Viewer):
         self.text = pn.pane.Markdown("", sizing_mode="stretch_width", css_classes=["rv-why"])
         self.graph = SvgGraph(sizing_mode="stretch_both", min_height=520, css_classes=["rv-why-graph"])
         self._zoom = ZoomScope()  # another model fits its picture; a version step keeps the zoom
+        self._names = OnnxNames()  # the search's ONNX node names, once per model
         self.graph.param.watch(lambda e: s.param.update(selected_before=False, selected_node=e.obj.clicked), "clicks")
         self.stale = StaleMark(s, "why", self.text, self.graph)
         s.param.watch(lambda e: setattr(self, "_auto", True), "model")
@@ -271,7 +272,12 @@ class WhyView(Viewer):
         self.graph.param.update(svg=svg or "", title=layer_label(s.selected_layer) + (f" — {err}" if err else ""),
                                 caption=cap or "",
                                 highlight=list(s.highlight), scope=self._zoom(s.model, "layer", s.selected_layer),
-                                absorbed=self._absorbed())
+                                absorbed=self._absorbed(), names=self._onnx_names())
+
+    def _onnx_names(self) -> dict[str, str]:
+        """The ONNX node names of the model shown, for the search (`graphpane.onnx_names`); {} for none."""
+        m = self.state.model
+        return self._names(m.meta.get("onnx_nodes") if m is not None else None)
 
     def _absorbed(self) -> dict[str, list[list[object]]]:
         """What each fused node of the drawn graph holds at any depth, for the search (`graphpane.absorbed_index`)."""
@@ -292,7 +298,7 @@ class WhyView(Viewer):
                     "title": "No layers to draw: this graph's nodes carry no layer path; see the Graph tab"
                              + (f" ({err})" if err else "") + "."}
         return {"svg": svg, "caption": safe(s.caption, last)[0] or "", "highlight": list(s.highlight), "scope": scope,
-                "absorbed": absorbed_index(s.graph_at(last), s.trace),
+                "absorbed": absorbed_index(s.graph_at(last), s.trace), "names": self._onnx_names(),
                 "title": f"no layer to draw (no node path names one): the final graph, {s.version_labels[last]}"}
 
     def __panel__(self) -> pn.viewable.Viewable:

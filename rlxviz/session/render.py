@@ -18,7 +18,7 @@ held back only by rlxviz's ops), so the text and the picture never disagree.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -325,9 +325,41 @@ def picture(source: Trace | Graph, v: View, heat: Heat = ()) -> tuple[Graph, Ove
         # verdict's `outside the layers:` lines on the final version, and none of them before its pass (deit's pooler
         # read `fused` between its refusal and the final version, the pane's pass refusing nothing there)
         kw["outside"] = Overlay.trace_summary(trace, _ran(trace, g) if ran is None else ran)
+    if v.view == "layers" and (alone := drawn_alone(g, v.expanded)) is not None:  # too many to open in place
+        layer, count = alone
+        kw = {"view": "full", "focus": layer, **{k: kw[k] for k in ("placed",) if k in kw}}
+        said = f"{ov.title}; " if ov is not None and ov.title else ""
+        ov = replace(ov or Overlay(), title=f"{said}{count} ops, too many to open among the layer boxes (over "
+                                            f"{OPEN_IN_PLACE_NODES}): drawn alone; “Fold all layers” goes back")
     if heat:
         ov = replace(ov or Overlay(), heat={i: (fill, line) for i, fill, line in heat if i in g})
     return g, ov, kw
+
+
+OPEN_IN_PLACE_NODES = 300
+"""Most ops the layer view draws open among its boxes (`View.expanded`); past it the open layer is drawn alone, as
+the focus view draws it (`drawn_alone`). Measured on a busy 2-core EPYC with Graphviz 2.43: convbert.qdq's layer 0,
+1289 ops, drawn open among the boxes crashed `dot` (SIGSEGV) after 25-40 s (graphviz-pure: 35 s of CPU), the same
+ops drawn alone laid out in 0.7-0.9 s; convbert.qdyn's layer 0, about 310 ops, took 9 s open among the boxes,
+falcon's (about 40) 0.2 s."""
+
+
+def open_nodes(graph: Graph, layers: Collection[Layer | int]) -> int:
+    """How many ops of `graph` (`Graph.compute_nodes`: params and constants are drawn in their readers' labels) lie in
+    `layers` (by path, `passes.layer_of`): what opening them draws in place."""
+    keys = list(layers)
+    return sum(1 for n in graph.compute_nodes()
+               if (k := layer_of(n.path)) is not None and any(k == x for x in keys)) if keys else 0
+
+
+def drawn_alone(graph: Graph, expanded: Collection[Layer | int]) -> tuple[Layer | int, int] | None:
+    """(the layer, its node count) when the layers `expanded` open in the layer view hold more than
+    `OPEN_IN_PLACE_NODES` ops: the largest of them is drawn alone instead (`picture`); None when they fit."""
+    if open_nodes(graph, expanded) <= OPEN_IN_PLACE_NODES:
+        return None
+    counts = [(open_nodes(graph, [k]), k) for k in expanded]
+    count, layer = max(counts, key=lambda c: c[0])
+    return layer, count
 
 
 def dot(source: Trace | Graph, v: View, heat: Heat = (), titled: bool = True) -> str:
@@ -356,5 +388,6 @@ def svg(source: Trace | Graph, v: View, heat: Heat = (), titled: bool = True) ->
                                   lambda: render_svg(dot(source, v, heat, titled)).svg)
 
 
-__all__ = ["Heat", "RENDERS", "SIDES", "VIEWS", "View", "caption", "dot", "is_final", "layer_caption", "layer_changes",
-           "listed_nodes", "picture", "settled_verdicts", "source_key", "svg", "verdicts"]
+__all__ = ["Heat", "OPEN_IN_PLACE_NODES", "RENDERS", "SIDES", "VIEWS", "View", "caption", "dot", "drawn_alone",
+           "is_final", "layer_caption", "layer_changes", "listed_nodes", "open_nodes", "picture", "settled_verdicts",
+           "source_key", "svg", "verdicts"]

@@ -21,7 +21,9 @@ Set `RLXVIZ_ENGINE=system|graphviz-pure` to force one engine.
 from __future__ import annotations
 
 import os
+import re
 import shutil
+import signal
 import subprocess
 import sys
 import sysconfig
@@ -119,7 +121,8 @@ def layout(dot: str, engine: str = "auto", fmt: str = "svg", timeout: float = 60
         `Rendered` with the output bytes and the engine that produced them.
 
     Raises:
-        LayoutError: no engine, a DOT syntax error (the engine's message is quoted), or a timeout.
+        LayoutError: no engine, a DOT syntax error (the engine's message is quoted), a crash of the layout program
+            (`failure_text`), or a timeout.
     """
     if fmt not in FORMATS:
         raise ValueError(f"[layout] format must be one of {FORMATS}, got {fmt!r}")
@@ -135,6 +138,41 @@ def layout(dot: str, engine: str = "auto", fmt: str = "svg", timeout: float = 60
                           "(layer view or focus)") from None
     seconds = time.perf_counter() - t0
     if proc.returncode != 0 or not proc.stdout:
-        err = proc.stderr.decode("utf-8", "replace").strip()
-        raise LayoutError(f"[layout] {name} failed (exit {proc.returncode}): {err[:2000]}")
+        raise LayoutError(failure_text(name, proc.returncode, proc.stderr.decode("utf-8", "replace"), drawn_nodes(dot),
+                                       seconds))
     return Rendered(proc.stdout, name, exe, seconds, fmt)
+
+
+_NODE_STATEMENT = re.compile(r'^\s*("[^"]*"|[A-Za-z_0-9.]+)\s*\[', re.M)
+"""A DOT node statement's start (`n41 [`); edge statements (`n1 -> n2 [`) and defaults (`node [`) do not count."""
+
+
+def drawn_nodes(dot: str) -> int:
+    """How many nodes DOT source `dot` declares (a count for messages: `graph`/`node`/`edge` defaults excluded)."""
+    return sum(1 for m in _NODE_STATEMENT.finditer(dot) if m[1] not in ("graph", "node", "edge"))
+
+
+def failure_text(engine: str, code: int, stderr: str, nodes: int, seconds: float) -> str:
+    """The message of a layout run that failed: what was drawn, what happened, what to do. A crash (killed by a
+    signal, `code` < 0: Graphviz 2.43's `dot` died of SIGSEGV after 25-40 s on convbert.qdq's 1289-op layer drawn
+    open among the layer boxes) says so in words, never `exit -11:` alone; a program that said why is quoted.
+
+    Args:
+        engine: the engine that ran (`system`, `graphviz-pure`).
+        code: its exit status (negative: the signal that killed it).
+        stderr: what it wrote on stderr (quoted, at most 2000 characters).
+        nodes: nodes in the drawing (`drawn_nodes`).
+        seconds: how long it ran (s).
+    """
+    what = f"[layout] the drawing of {nodes} nodes failed after {seconds:.0f} s: "
+    if code < 0:
+        try:
+            sig = signal.Signals(-code).name
+        except ValueError:
+            sig = f"signal {-code}"
+        what += f"the layout program ({engine}) crashed ({sig})"
+    else:
+        what += f"the layout program ({engine}) stopped with exit {code}"
+    err = stderr.strip()
+    what += f": {err[:2000]}" if err else ""
+    return what + "; fold layers, or draw one layer at a time (the focus view)"
