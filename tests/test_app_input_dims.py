@@ -90,3 +90,49 @@ def test_the_app_asks_for_the_dims_box_then_loads_with_it(tmp_path, monkeypatch)
     s.dims = "height=4 width=5"
     assert s.model is not None and s.model.name == "conv", s.message
     assert [n.shape for n in s.model.graph.inputs] == [(1, 3, 4, 5)]
+
+
+def conv_export(folder: Path) -> Path:
+    """An image model as optimum exports one: `pixel_values [batch, num_channels, height, width]`, every dim symbolic,
+    into a Conv of 3 input channels."""
+    x = helper.make_tensor_value_info("pixel_values", TensorProto.FLOAT, ["batch", "num_channels", "height", "width"])
+    y = helper.make_tensor_value_info("out", TensorProto.FLOAT, None)
+    w = helper.make_tensor("w", TensorProto.FLOAT, [4, 3, 2, 2], np.ones(48, np.float32))
+    graph = helper.make_graph([helper.make_node("Conv", ["pixel_values", "w"], ["out"], name="/patch/Conv",
+                                                strides=[2, 2])], "patches", [x], [y], [w])
+    path = folder / "patches.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return path
+
+
+def test_an_images_channels_never_take_the_sequence_length(tmp_path):
+    """beit.optimum with `--dim height=224 --dim width=224` failed at its Conv ("input [1, 16, 224, 224] does not fit
+    the kernel [32, 3, 8, 8]"): axis 1 of `pixel_values` took seq. A dim whose name says what it is, or axis 1 of a
+    rank-4 input, is bound only by the user; the error names it."""
+    from rlxviz.models.onnx import load_onnx
+    from rlxviz.models.onnx.dims import default_dim, onnx_input_shapes
+
+    model = conv_export(tmp_path)
+    r = subprocess.run([sys.executable, "-m", "rlxviz.cli", "explain", str(model), "--dim", "height=8", "--dim",
+                        "width=8"], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert r.returncode == 2 and "cannot bind dimension 1 (num_channels)" in r.stderr, r.stderr
+    assert onnx_input_shapes(model, 1, 16, {"num_channels": 3, "height": 8, "width": 8}) == {
+        "pixel_values": (1, 3, 8, 8)}
+    with pytest.raises(Exception, match=r"cannot bind dimension 1 \(num_channels\)"):
+        load_onnx(model, batch=1, seq=16)  # the Python API binds as the CLI does (`bind._bind_input`)
+    assert load_onnx(model, input_shapes={"pixel_values": (1, 3, 8, 8)}).graph.outputs
+    # by place: axis 1 of [batch, s] / [batch, s, hidden] is the sequence; of a rank-4 input it is not
+    assert default_dim("s", 1, 2, 16, 2) == 16 and default_dim("s", 1, 2, 16, 3) == 16
+    assert default_dim("d1", 1, 2, 16, 4) is None and default_dim("num_channels", 1, 2, 16, 2) is None
+    assert default_dim("sequence_length", 2, 2, 16, 4) == 16 and default_dim("batch_size", 0, 2, 16, 4) == 2
+    assert [n.shape for n in load_onnx(model, input_shapes={"pixel_values": (2, 3, 6, 4)}).graph.inputs] == [
+        (2, 3, 6, 4)]
+
+
+def test_beit_optimum_loads_with_its_channels_named(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "rlxviz.cli", "explain", str(BEIT), "--seq", "3", "--dim", "height=32",
+                        "--dim", "width=32"], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert r.returncode == 2 and "cannot bind dimension 1 (num_channels); pass --dim num_channels=N" in r.stderr
+    r = subprocess.run([sys.executable, "-m", "rlxviz.cli", "explain", str(BEIT), "--dim", "num_channels=3", "--dim",
+                        "height=32", "--dim", "width=32"], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert r.returncode == 0 and "2/2 layer(s) fused as expected" in r.stdout, r.stdout + r.stderr

@@ -38,7 +38,8 @@ class SourceError(ValueError):
 
 
 def parse_dims(text: str) -> tuple[tuple[str, int], ...]:
-    """The sidebar's Input dims box (`height=224 width=224`, commas or spaces between pairs) as `OpenRequest.dims`.
+    """The sidebar's Input dims box (`num_channels=3 height=224 width=224`, commas or spaces between pairs) as
+    `OpenRequest.dims`.
 
     Raises:
         SourceError: a pair that is not NAME=N with N a positive whole number (naming it).
@@ -49,7 +50,7 @@ def parse_dims(text: str) -> tuple[tuple[str, int], ...]:
             pairs.append(parse_dim(item))
         except DimError:
             raise SourceError(f"Input dims: {item[:80]!r} is not NAME=N with N a positive whole number (e.g. "
-                              f"height=224 width=224).") from None
+                              f"num_channels=3 height=224 width=224).") from None
     return tuple(pairs)
 
 

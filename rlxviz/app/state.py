@@ -98,7 +98,7 @@ class AppState(Derived, PipelineEdits, param.Parameterized):
     batch = param.Integer(session.DEFAULT_BATCH, bounds=(1, 64), doc="Batch size (default: as the CLI's).")
     seq = param.Integer(session.DEFAULT_SEQ, bounds=(2, 512), doc="Sequence length (tokens; default: as the CLI's).")
     dims = param.String("", doc="Values of an .onnx export's symbolic input dims that batch and sequence length do "
-                              "not bind, as NAME=N pairs (`height=224 width=224`): the CLI's --dim.")
+                              "not bind, as NAME=N pairs (`num_channels=3 height=224 width=224`): the CLI's --dim.")
     text = param.String("rlxviz shows why a fusion did or did not happen.", doc="Text to tokenize for real models.")
     variant = param.Selector(objects=list(VARIANT_LABELS), default="none", doc="Teaching variant.")
     variant_layer = param.Integer(0, bounds=(0, None), doc="Layer the teaching variant changes.")

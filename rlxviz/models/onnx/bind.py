@@ -4,15 +4,12 @@ full shape a caller gives (`input_shapes`), which may bind only the file's symbo
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ...ir import DType
 from .context import OnnxImportError, onnx_dtype
-
-_BATCH_RE = re.compile(r"batch", re.I)
-_SEQ_RE = re.compile(r"seq|sequence|len|token", re.I)
+from .dims import default_dim
 
 
 def _bind_input(vi: Any, batch: int, seq: int, shapes: Mapping[str, Sequence[int]]) -> tuple[tuple[int, ...], DType]:
@@ -33,10 +30,8 @@ def _bind_input(vi: Any, batch: int, seq: int, shapes: Mapping[str, Sequence[int
                                   f"must be positive")
         if d.HasField("dim_value"):
             dims.append(int(d.dim_value))
-        elif _BATCH_RE.search(d.dim_param or "") or (i == 0 and not _SEQ_RE.search(d.dim_param or "")):
-            dims.append(batch)
-        elif _SEQ_RE.search(d.dim_param or "") or i == 1:
-            dims.append(seq)
+        elif (v := default_dim(d.dim_param or "", i, batch, seq, len(t.shape.dim))) is not None:
+            dims.append(v)  # by its name or place, as `dims.bind_input_shapes` binds a dim nothing names
         else:
             raise OnnxImportError(f"input {vi.name!r}: cannot bind dimension {i} ({d.dim_param or '?'}); "
                                   f"give its shape with input_shapes={{'{vi.name}': [...]}}")

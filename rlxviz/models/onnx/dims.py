@@ -62,14 +62,26 @@ def parse_dim(text: str) -> tuple[str, int]:
     return name, v
 
 
-def _default(name: str, axis: int | None, batch: int, seq: int) -> int | None:
+_NOT_TOKENS_RE = re.compile(r"channel|height|width|image|pixel|feature|mel|head|hidden|embed|vocab", re.I)
+"""Dim names that say what they are, and it is neither batch nor tokens (an image's `num_channels`, `height`): never
+bound by their axis alone."""
+
+
+def default_dim(name: str, axis: int | None, batch: int, seq: int, rank: int | None = None) -> int | None:
+    """The value of a symbolic dim nothing names: `batch` for a batch-like name, `seq` for a sequence-like one; else,
+    by its axis, `batch` on axis 0 and `seq` on axis 1 of a rank-2 or rank-3 input (`[batch, seq]` ids and masks,
+    `[batch, seq, hidden]` states), unless its name says it is something else (`_NOT_TOKENS_RE`): axis 1 of an image
+    `[batch, num_channels, height, width]` is no sequence (beit.optimum's channels took the sequence length, 16, and
+    its Conv failed on 16 channels). None: unbound."""
     if _BATCH_RE.search(name):
         return batch
     if _SEQ_RE.search(name):
         return seq
+    if _NOT_TOKENS_RE.search(name):
+        return None
     if axis == 0:
         return batch
-    if axis == 1:
+    if axis == 1 and (rank is None or rank <= 3):
         return seq
     return None
 
@@ -139,12 +151,12 @@ def bind_input_shapes(inputs: Sequence[Any], batch: int, seq: int, dims: Mapping
                     raise DimError(f"the inputs disagree on {name!r}: {other!r} gives {was}, {vi.name!r} gives {v}")
                 learned.setdefault(name, (v, vi.name))
 
-    def value_of(name: str, axis: int | None = None) -> int | None:
+    def value_of(name: str, axis: int | None = None, rank: int | None = None) -> int | None:
         if name in dims:
             return dims[name]
         if name in learned:
             return learned[name][0]
-        return _default(name, axis, batch, seq)
+        return default_dim(name, axis, batch, seq, rank)
 
     out: dict[str, tuple[int, ...]] = {}
     for vi in inputs:
@@ -161,8 +173,9 @@ def bind_input_shapes(inputs: Sequence[Any], batch: int, seq: int, dims: Mapping
             name = d.dim_param or ""
             how = (f"pass --dim {name}=N (Python: dims={{{name!r}: N}}) or the input's array with --inputs"
                    if name and _NAME.match(name) else "pass the input's array with --inputs (Python: input_shapes=)")
+            rank = len(vi.type.tensor_type.shape.dim)
             if name and _NAME.match(name):
-                v = value_of(name, i)
+                v = value_of(name, i, rank)
             elif name:
                 try:
                     v = _eval(name, value_of)
@@ -172,7 +185,7 @@ def bind_input_shapes(inputs: Sequence[Any], batch: int, seq: int, dims: Mapping
                 except (TypeError, ZeroDivisionError, OverflowError, RecursionError):
                     v = None
             else:
-                v = _default("", i, batch, seq)
+                v = default_dim("", i, batch, seq, rank)
             if v is None:
                 raise DimError(f"input {vi.name!r}: cannot bind dimension {i} ({name or '?'}); {how}", vi.name)
             if v <= 0:
@@ -220,4 +233,5 @@ def onnx_input_shapes(path: Any, batch: int, seq: int, dims: Mapping[str, int] |
     return proto_input_shapes(parse_onnx(path), batch, seq, dims, given)
 
 
-__all__ = ["DimError", "bind_input_shapes", "onnx_input_shapes", "parse_dim", "parse_onnx", "proto_input_shapes"]
+__all__ = ["DimError", "bind_input_shapes", "default_dim", "onnx_input_shapes", "parse_dim", "parse_onnx",
+           "proto_input_shapes"]
