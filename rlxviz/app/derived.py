@@ -225,8 +225,18 @@ class Derived:
         merge, not expected of the layer: `Places.faded`), which the chip shows apart, not as a failure, and
         `not_near_miss_at`: the anchor node of each (`step_places`); `op_gaps`: the items of its places at a gap in
         rlxviz's ops (`Places.gaps`, the chip's own mark: a compiler fix), `op_gap_at` their anchors and `lacks` the
-        op forms rlxviz lacks there."""
-        return [] if self.trace is None else version_rows(self.trace, self._visible(self.trace))
+        op forms rlxviz lacks there. Read off the run with its fixes checked (`chip_trace`), so a tooltip's
+        workaround says what `rlxviz explain` says of it (a rounding-only change with its measured error)."""
+        return [] if self.trace is None else version_rows(self.chip_trace(), self._visible(self.trace))
+
+    def chip_trace(self) -> Trace | None:
+        """The run the version chips' marks read: `advised_trace` (each fix as `rlxviz explain` prints it, checked:
+        `session.advice.checked_verdict`), or the bare run where the check raised (the chips still show its places).
+        Same graphs and steps in the same order as `trace`, only refusals' words differ. None before a run."""
+        try:
+            return self.advised_trace() or self.trace
+        except Exception:  # noqa: BLE001 - a check that broke is the Why tab's to say; the chips show the bare run
+            return self.trace
 
     @param.depends(*SHOWN)
     def ir_current(self) -> str:

@@ -54,7 +54,7 @@ from .inspector_text import (
     report_markdown,
     weights_left,
 )
-from .onnxorigin import onnx_origin
+from .onnxorigin import onnx_in_part, onnx_origin
 from .text import md_code
 
 
@@ -235,7 +235,8 @@ def node_report(graph: Graph, node_id: int, trace: Trace | None = None,
         weights: the model's params by name: the report then summarizes the node's weights (`node_weights`).
         onnx_nodes: `Model.meta["onnx_nodes"]` of a model read from ONNX: the report then names the ONNX nodes the
             node came from (`onnx`: `onnx_origin`, each named by one node of `graph`; `onnx_product`: `rope %777`
-            for a node made beside that product, which names its match's), to find it in Netron or Model Explorer.
+            for a node made beside that product, which names its match's; `onnx_part`: those absorbed in part,
+            `onnx_in_part`), to find it in Netron or Model Explorer.
         onnx_domains: `Model.meta["onnx_domains"]` (ONNX node name -> its domain, as the file says): the report's
             `onnx_domains` then gives the file's domain of each named node (else `onnx_domain` infers it).
 
@@ -277,6 +278,7 @@ def node_report(graph: Graph, node_id: int, trace: Trace | None = None,
     # the ONNX nodes it came from, through every fusion of the run (a fused attention: its MatMuls and Softmax)
     # each imported node named by one live node of `graph`, the one that computes it (`onnxorigin.onnx_claims`)
     report["onnx"] = onnx_origin(n, onnx_nodes, versions, graph, beside)
+    report["onnx_part"] = onnx_in_part(n, onnx_nodes, versions, graph, beside)  # gpt2.ortopt's FastGelu: its add
     b = beside.get(node_id) if onnx_nodes else None
     report["onnx_product"] = f"{b.op} %{b.product}" if b is not None and node_id not in onnx_nodes else ""
     report["onnx_domains"] = ({name: onnx_domains[name] for _, name in report["onnx"] if name in onnx_domains}

@@ -2,6 +2,7 @@
 
 * `onnx_origin`: the ONNX nodes of a node: its own, or every one a fusion absorbed, through the fusions before it,
   less those another node of its version computes (`onnx_claims`).
+* `onnx_in_part`: which of them a node absorbed in part (FastGelu's bias add, not its gelu_tanh).
 * `onnx_markdown`: the inspector's line for them, bounded: the compute nodes first (MatMul, Softmax, ...), the rest
   counted by op type.
 * `onnx_domain`: the ONNX domain an op type came from, read off the importer's table.
@@ -14,7 +15,7 @@ from collections import Counter
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from ..ir import Graph, Node
+from ..ir import Graph, Node, Op
 from ..passes.made import absorbers, is_copy, replaced
 from .text import md_code, md_escape
 
@@ -53,6 +54,35 @@ def onnx_origin(n: Node, onnx_nodes: Mapping[int, tuple[str, str, str]] | None,
     ids = sorted(onnx_claims(n, onnx_nodes, versions, live, beside),
                  key=lambda i: (_rank(onnx_nodes[i][0]), order[i]))
     return list(dict.fromkeys((onnx_nodes[i][0], onnx_nodes[i][1]) for i in ids))
+
+
+InPart = dict[str, tuple[tuple[str, ...], tuple[str, ...]]]
+"""ONNX node name -> (IR op of each of its IR nodes a node claims, `OP %ID` of each it does not): `onnx_in_part`."""
+
+
+def onnx_in_part(n: Node, onnx_nodes: Mapping[int, tuple[str, str, str]] | None, versions: Graph | None = None,
+                 live: Graph | None = None, beside: Mapping[int, Beside] | None = None) -> InPart:
+    """The ONNX nodes a node a pass made absorbed in part (arguments as `onnx_claims`): the importer made several
+    IR nodes of one ONNX node (a FastGelu: its bias param, an add, a gelu_tanh) and `n` claims some of the compute
+    ones (not params or consts) but not all. gpt2.ortopt's `FusedMatMulBiasAct %122` took FastGelu_AddBias_0's add
+    and left its gelu_tanh %57 out: `{"FastGelu_AddBias_0": (("add",), ("gelu_tanh %57",))}`. An ONNX node is
+    known by its op type and name (an unnamed one is never grouped). {} for an imported `n` (its own ONNX node),
+    without `versions` (the IR ops unknown), or none absorbed in part."""
+    if not onnx_nodes or versions is None or n.id in onnx_nodes:
+        return {}
+    claims = onnx_claims(n, onnx_nodes, versions, live, beside)
+    named = {onnx_nodes[i][:2] for i in claims if onnx_nodes[i][1]}
+    parts: dict[tuple[str, str], list[int]] = {}
+    for i, (op, name, _) in onnx_nodes.items():  # every IR node made of each ONNX node `n` names
+        if (op, name) in named and i in versions and versions[i].op not in (Op.PARAM, Op.CONST):
+            parts.setdefault((op, name), []).append(i)
+    out: InPart = {}
+    for (_, name), ids in parts.items():
+        rest = [i for i in ids if i not in claims]
+        if rest and len(rest) < len(ids):
+            out[name] = (tuple(versions[i].op.value for i in ids if i in claims),
+                         tuple(f"{versions[i].op.value} %{i}" for i in rest))
+    return out
 
 
 def onnx_claims(n: Node, onnx_nodes: Mapping[int, tuple[str, str, str]] | None, versions: Graph | None = None,
@@ -113,6 +143,8 @@ def onnx_markdown(rep: Mapping[str, Any]) -> str:
     """The inspector's line for a `node_report`'s `onnx` (`onnx_origin`), "" for none: `**ONNX node** ...` for an
     imported node; for a node a pass made, `**absorbed ONNX nodes** (38): node_linear (MatMul), domain ai.onnx;
     ... and 32 more: 14 Slice, 6 Mul, 4 Reshape, 4 Transpose, 4 other` (`ONNX_NAMES_SHOWN` listed, compute ops first);
+    one it absorbed in part (`onnx_part`: `onnx_in_part`) says what it took, `FastGelu_AddBias_0 (FastGelu, in part:
+    its add, not its gelu_tanh %57)`, and the counted rest how many of them were;
     for a node made beside a match's product (`onnx_product`: `rope %777`), `... none of its own; its match's are
     named by rope %777`. Each name, op type and domain is escaped (text from the model)."""
     onnx = rep.get("onnx") or []
@@ -120,18 +152,30 @@ def onnx_markdown(rep: Mapping[str, Any]) -> str:
         return (f"**absorbed ONNX nodes**: none of its own; its match's are named by {md_escape(rep['onnx_product'])}"
                 if rep.get("onnx_product") else "")
     known = rep.get("onnx_domains") or {}  # the file's own word; else read off the importer's table
-    named = [f"{md_code(name or '(unnamed)')} ({md_escape(op)}), "
+    part = rep.get("onnx_part") or {}  # absorbed in part (`onnx_in_part`): what it took of the node, what not
+    named = [f"{md_code(name or '(unnamed)')} ({md_escape(op)}{_in_part(part.get(name))}), "
              f"domain {md_code(known.get(name) or onnx_domain(op))}" for op, name in onnx[:ONNX_NAMES_SHOWN]]
     rest = Counter(op for op, _ in onnx[ONNX_NAMES_SHOWN:])
     counted = [f"{c} {md_escape(op)}" for op, c in rest.most_common(OP_TYPES_COUNTED)]
     other = sum(rest.values()) - sum(c for _, c in rest.most_common(OP_TYPES_COUNTED))
     more = f" and {sum(rest.values())} more: {', '.join(counted + ([f'{other} other'] if other else []))}" \
         if rest else ""
+    if inside := sum(1 for _, name in onnx[ONNX_NAMES_SHOWN:] if name in part):
+        more += f" ({inside} of them in part)"
     if rep.get("onnx_own"):
         what = "**ONNX node**"
     else:  # a node a pass made: the ONNX nodes its fusions took in, counted, so none reads as its whole source
         what = f"**absorbed ONNX nodes** ({len(onnx)}, compute first):"
     return f"{what} {'; '.join(named)}{more}"
+
+
+def _in_part(part: tuple[tuple[str, ...], tuple[str, ...]] | None) -> str:
+    """`, in part: its add, not its gelu_tanh %57` for an ONNX node absorbed in part (`InPart`'s value), escaped;
+    "" for None."""
+    if not part:
+        return ""
+    took, left = part
+    return md_escape(f", in part: its {' and '.join(took)}, not its {' and '.join(left)}")
 
 
 DEFAULT_DOMAIN = "ai.onnx"
