@@ -32,7 +32,7 @@ from ..passes.trace import Layer
 from ..passes.why.excused import OpGap
 from ..passes.why.facts import made_nodes
 from ..passes.why.places import layer_places
-from ..passes.why.text import none_made_words
+from ..passes.why.text import FUSED_AS_EXPECTED, kind_limit, none_made_words
 from ..passes.why.verdict import OP_GAP_GROUP, LayerVerdict, RunVerdict, first_gap, layer_verdict, why_step
 from ..viz import Overlay, Verdict, drawing_title, render_dot, render_svg
 from ..viz.dot import GAP_MARK
@@ -183,11 +183,14 @@ def _verdicts(trace: Trace) -> dict[int, Verdict]:
         ops = Counter(item.split(" %", 1)[0] for item in (*v.done, *v.rewritten))
         return tuple(sorted(ops.items())), at.get(v.layer, ())
 
-    return {v.layer: Verdict(v.fused, v.first.guard if v.first is not None else "", v.reason, status=v.status,
-                             none_made=none_made_words(v),
-                             held_back=v.fused and bool(v.op_gaps) and not v.has_fused_op, at_gap=v.gap_only,
-                             summary=summary(v))
-            for v in run.layers}  # the verdict's own words (`LayerVerdict.status`), as the Why tab and --json say
+    def verdict(v: LayerVerdict) -> Verdict:  # the verdict's own words (`LayerVerdict.status`), as the Why tab says,
+        limit = kind_limit(v)  # but `fused as expected` and its kind's limit where that `fused` is no full fusion
+        return Verdict(v.fused, v.first.guard if v.first is not None else "", v.reason,
+                       status=FUSED_AS_EXPECTED if limit else v.status, none_made=none_made_words(v),
+                       held_back=v.fused and bool(v.op_gaps) and not v.has_fused_op, at_gap=v.gap_only,
+                       summary=summary(v), limit=limit)
+
+    return {v.layer: verdict(v) for v in run.layers}
 
 
 def _layer_nodes(g: Graph, where: Mapping[int, Layer | str]) -> dict[int, frozenset[int]]:

@@ -17,7 +17,7 @@ from ..ir.ops import REWRITTEN_AS
 from ..passes.trace import layer_label
 from .dot import _e, _html, _small, _wrap
 from .overlay import group_words
-from .styles import NOT_NEAR_MISS, NOT_NEAR_MISS_INK, OP_GAP, OP_GAP_INK, REJECT, human_count
+from .styles import KIND_LIMITED_INK, NOT_NEAR_MISS, NOT_NEAR_MISS_INK, OP_GAP, OP_GAP_INK, REJECT, human_count
 
 if TYPE_CHECKING:
     from .layers import LayerGroup, Verdict
@@ -86,8 +86,14 @@ def _verdict_lines(v: Verdict, g: LayerGroup | None = None) -> list[str]:
     the words, and how many of its ops fused under a refusal. For a box drawn at an earlier version (no `g`): the
     words as `final: ...` (e.g. `final: fused as far as legal`), alone: the ops that fused are not in that version.
     A layer held back by rlxviz's ops (`Verdict.at_gap`: `fused as far as rlxviz's ops go`, `held back by ...`) is
-    worded in the gap's ink (`OP_GAP_INK`, the chips' `△`) at every version, never in the fused green."""
-    word = _e(v.word) if g is not None else f"final: {_e(v.word)}"
+    worded in the gap's ink (`OP_GAP_INK`, the chips' `△`) at every version, never in the fused green. A layer fused
+    only as far as its kind expects any fusion (`Verdict.limit`) says `fused as expected` and, on lines of its own,
+    the limit (`quantized activations: no float fusion across QDQ steps expected`), in `KIND_LIMITED_INK`."""
+    word = _e(v.head) if g is not None else f"final: {_e(v.head)}"
+    if v.limit:
+        beside = f" {_small(_counted(g.fused) or v.none_made, KIND_LIMITED_INK)}" if g is not None else ""
+        limit = [_small(x, KIND_LIMITED_INK, 9) for x in _wrap(v.limit, WRAP)]
+        return [f'<FONT COLOR="{KIND_LIMITED_INK}"><B>{word}</B></FONT>{beside}', *limit, *_rewritten(g)]
     if v.held_back or v.at_gap:
         beside = f" {_small(_counted(g.fused) or v.none_made, OP_GAP_INK)}" if g is not None else ""
         return [f'<FONT COLOR="{OP_GAP_INK}"><B>{word}</B></FONT>{beside}', *_rewritten(g)]

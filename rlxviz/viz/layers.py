@@ -38,6 +38,7 @@ from .heat import UNCOLOURED
 from .overlay import GapNames, Overlay
 from .styles import (
     BOX_FRAMES,
+    KIND_LIMITED,
     NOT_NEAR_MISS,
     OP_GAP,
     PLAIN_BOX,
@@ -74,6 +75,10 @@ class Verdict:
         made: on an unsettled verdict, ids of the layer's nodes in the version drawn that the run's matches made
             (`passes.why.facts.made_nodes`: the nodes the verdict lists as fused or rewritten), so the box's `at
             this version:` counts the plain ops a match made (the packed `attention`) beside the fused ones.
+        limit: what the layer's kind rules out of a verdict `fused` (`passes.why.text.kind_limit`: `quantized
+            activations: no float fusion across QDQ steps expected`), "" when none: its `status` is then `fused as
+            expected` (the CLI's words for the layer), the limit beside it (`word`), and its box's look
+            `styles.KIND_LIMITED`, never the fused green of a full fusion (ernie.qdq's elementwise regions alone).
         summary: the rest of the final verdict that "same as layer K" compares (`layer_signature`), with no node id
             in it: the ops it lists as made (op -> count) and its refused places by pattern, guard, status and why
             (`passes.why.places.layer_places`), e.g. granite's layer 1 with the residual-norm refusal at 2 places
@@ -90,12 +95,20 @@ class Verdict:
     at_gap: bool = False
     made: frozenset[int] = frozenset()
     summary: tuple = ()
+    limit: str = ""
+
+    @property
+    def head(self) -> str:
+        """The status words of the layer's box, without its `limit`: the verdict's own (`status`), else `fused` or
+        `not fused`. The box said `fused` of a layer the Why tab called `fused as far as legal` (a newcomer run, case
+        n4-15)."""
+        return self.status or ("fused" if self.fused else "not fused")
 
     @property
     def word(self) -> str:
-        """The status words of the layer's box: the verdict's own (`status`), else `fused` or `not fused`. The box
-        said `fused` of a layer the Why tab called `fused as far as legal` (a newcomer run, case n4-15)."""
-        return self.status or ("fused" if self.fused else "not fused")
+        """`head`, then the `limit` in brackets when there is one: `fused as expected (quantized activations: no
+        float fusion across QDQ steps expected)`, what the tooltip and an opened layer's frame say."""
+        return f"{self.head} ({self.limit})" if self.limit else self.head
 
 
 @dataclass
@@ -162,10 +175,13 @@ class LayerGroup:
     def tone(self) -> str:
         """The key of the box's colours (`STATUS_COLORS`): `fused` or `not fused` for a settled verdict (`fused as
         far as legal` is drawn as fused), but `OP_GAP` for a layer held back by rlxviz's ops, with or without fused
-        ops (`Verdict.at_gap`, `Verdict.held_back`: `fused as far as rlxviz's ops go` is no green), else `status`."""
+        ops (`Verdict.at_gap`, `Verdict.held_back`: `fused as far as rlxviz's ops go` is no green), and
+        `KIND_LIMITED` for one fused only as far as its kind expects any fusion (`Verdict.limit`), else `status`."""
         if self.verdict is not None and self.verdict.settled:
             if self.verdict.held_back or self.verdict.at_gap:
                 return OP_GAP
+            if self.verdict.limit:  # fused only as far as its kind expects any fusion: no full fusion's green
+                return KIND_LIMITED
             return "fused" if self.verdict.fused else "not fused"
         return self.status
 

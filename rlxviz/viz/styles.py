@@ -84,8 +84,16 @@ OP_GAP_INK = "#283593"
 """Border and words of an `OP_GAP` box."""
 FUSED_INK = "#1b5e20"
 """Border and words of a fused layer box."""
+KIND_LIMITED = "fused as expected"
+"""The status of a settled layer box whose verdict is `fused` only as far as its kind expects any fusion
+(`layers.Verdict.limit`, `passes.why.text.kind_limit`: quantized activations, where no float fusion across a QDQ step
+is expected, so attention and matmuls stay as they are): its words say the limit, and its look is not the fused green
+of a full fusion (ernie.qdq's elementwise regions were drawn as its FusedTransformerLayer is in bert)."""
+KIND_LIMITED_INK = "#33691e"
+"""Border (dashed) and words of a `KIND_LIMITED` box: an olive apart from the fused ink."""
 STATUS_COLORS = {"fused": "#a5d6a7", "partly fused": "#fff59d", "rejected": "#ffcdd2", "unfused": "#eeeeee",
-                 "rewritten": "#eeeeee", "not fused": "#ffcdd2", NOT_NEAR_MISS: "#eeeeee", OP_GAP: "#808cff"}
+                 "rewritten": "#eeeeee", "not fused": "#ffcdd2", NOT_NEAR_MISS: "#eeeeee", OP_GAP: "#808cff",
+                 KIND_LIMITED: "#d7ecc4"}
 """Fill of a layer box in the layer-collapsed view, by fusion status. `rewritten` (a layer whose matches so far made
 plain ops only, e.g. the `attention` `fuse_sdpa` packed: its box says `no fused op; rewritten as attention`) keeps
 the grey of `unfused`: the yellow says some fused op was made (`ir.ops.made_as`, as the verdict counts them). The
@@ -97,6 +105,7 @@ GAP_APART = 30.0
 """The least CIE76 distance (`delta_e`) between the gap box's fill (`STATUS_COLORS[OP_GAP]`) and any op fill."""
 BOX_FRAMES: dict[str, tuple[str, str, str]] = {
     "fused": (FUSED_INK, "solid", "2"), OP_GAP: (OP_GAP_INK, "solid", "2"), "rejected": (REJECT, "dashed", "2.5"),
+    KIND_LIMITED: (KIND_LIMITED_INK, "dashed", "2"),
     "not fused": (REJECT, "dashed", "2.5"), NOT_NEAR_MISS: (NOT_NEAR_MISS_INK, "dotted", "1.5")}
 """A layer box's frame by its tone (`layers.LayerGroup.tone`): (colour, line style, width in points); a tone not
 here has Graphviz's plain thin black frame (`PLAIN_FRAME`). The one source of `viz.layers` and the legend
@@ -105,6 +114,8 @@ PLAIN_FRAME = ("#000000", "solid", "1")
 """The frame Graphviz draws a box of a tone not in `BOX_FRAMES` (its default: black, solid, 1 point)."""
 BOX_WORDS: dict[str, str] = {
     "fused": "fused, fused as far as legal: fused as the layer's kind expects",
+    KIND_LIMITED: f"{KIND_LIMITED}, quantized activations: not a full fusion; fused only what a layer with quantized "
+                  "activations expects (no float fusion across its QDQ steps)",
     "partly fused": "partly fused: some fused op made, some op a fusion could take left",
     OP_GAP: f"fused as far as rlxviz's ops go, held back by rlxviz's ops, {OP_GAP}: a compiler fix, "
             "not the model's",

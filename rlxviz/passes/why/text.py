@@ -33,6 +33,14 @@ FUSED_AS_FAR_AS_OPS = "fused as far as rlxviz's ops go"
 """`LayerVerdict.status` of a layer with fused ops, held back from the rest only by gaps in rlxviz's ops."""
 NO_FUSED_OP = "no fused op"
 """What a layer line lists when a layer held back by rlxviz's ops made no fused op (`made_words`)."""
+FUSED_AS_EXPECTED = "fused as expected"
+"""What the line of a layer fused by parts says first (`render_layer`: `layer 0: fused as expected: ...`), and the box
+of a layer fused only as far as its kind's limit goes (`kind_limit`)."""
+QUANTIZED_LIMIT = "quantized activations: no float fusion across QDQ steps expected"
+"""`kind_limit` of a fused layer with quantized activations: the kind's policy (`policy.not_expected`) expects no
+fused op of a float pattern across a QuantizeLinear -> DequantizeLinear step (it would skip the rounding), so its
+attention and matmuls stay as they are; ernie.qdq's and granite.qdq's boxes said a bare `fused`, in the green of a
+FusedTransformerLayer, of layers that fused elementwise regions alone (newcomer finding)."""
 NOTHING_TO_FUSE = "nothing to fuse"
 """What a fused layer line lists when no fused op was expected of the layer and none was made (`made_words`)."""
 PATTERNS = "patterns"
@@ -206,6 +214,14 @@ def none_made_words(v: LayerVerdict) -> str:
     return NO_FUSED_OP if v.op_gaps else NOTHING_TO_FUSE
 
 
+def kind_limit(v: LayerVerdict) -> str:
+    """What the kind of a layer `fused` (`LayerVerdict.status`) rules out, so that its `fused` is no full fusion:
+    `QUANTIZED_LIMIT` for a layer whose kind has quantized activations (`Architecture.quantized`, the `layer kind:`
+    line's `quantized activations (N QuantizeLinear -> DequantizeLinear steps)`) and no whole-layer op
+    (`fused_node`); "" otherwise (a layer fused as far as legal or rlxviz's ops go says so in its status)."""
+    return QUANTIZED_LIMIT if v.status == "fused" and v.fused_node is None and v.expected_kind.quantized else ""
+
+
 def made_words(v: LayerVerdict) -> str:
     """What a fused layer's line lists: its fused ops (`fused_list`), else `none_made_words`."""
     return fused_list(v.done) or none_made_words(v)
@@ -258,7 +274,7 @@ def render_layer(v: LayerVerdict, verbose: bool = False) -> str:
     elif v.fused and v.op_gaps:  # the words say the gap: not "as expected" (`LayerVerdict.status`)
         lines = [f"{layer_label(v.layer)}: {v.status}: " + made_words(v)]
     elif v.fused:
-        lines = [f"{layer_label(v.layer)}: fused as expected: " + made_words(v)]
+        lines = [f"{layer_label(v.layer)}: {FUSED_AS_EXPECTED}: " + made_words(v)]
     else:
         lines = _not_fused(v)
     if v.rewritten and (v.fused or v.legal_only):  # plain ops a rewrite made: no fusion (`ir.ops.made_as`)
@@ -514,10 +530,12 @@ def _left_out(r: RunVerdict) -> list[str]:
 
 __all__ = ["ALSO_REJECTED_COUNTED", "ALSO_REJECTED_NOT_COUNTED", "TAKEN_LATER_STANDING", "also_rejected_line",
            "taken_later_lines",
-           "FUSED_AS_FAR_AS_OPS", "GAP_HAS_A_WORKAROUND", "GAP_IS_THE_COMPILERS", "GROUP_OVER", "PATTERNS",
+           "FUSED_AS_EXPECTED", "FUSED_AS_FAR_AS_OPS", "GAP_HAS_A_WORKAROUND", "GAP_IS_THE_COMPILERS", "GROUP_OVER",
+           "PATTERNS",
            "gap_status", "held_words",
            "HELD_BACK_BY_LEGAL_AND_OPS", "HELD_BACK_BY_OPS", "NOTHING_TO_FUSE", "NO_FUSED_OP", "OUTSIDE_LAYERS",
            "fused_list", "id_runs",
-           "gap_forms", "gap_words", "graph_gap_words", "headline", "headline_notes", "judged_words", "layer_dict",
+           "gap_forms", "gap_words", "graph_gap_words", "headline", "headline_notes", "judged_words", "kind_limit",
+           "layer_dict", "QUANTIZED_LIMIT",
            "left_out_heading", "made_words", "none_made_words", "not_fused_words", "gap_asks", "outcome_dict",
            "render_layer", "render_run", "run_dict"]
