@@ -83,6 +83,7 @@ def _whisper_trace():
 
 
 def test_whisper_bias_add_56_is_layer_0s_fc2_by_path_inspector_and_place():
+    from rlxviz.app.derived import step_places
     from rlxviz.app.explain import node_report
 
     trace = _whisper_trace()
@@ -95,3 +96,5 @@ def test_whisper_bias_add_56_is_layer_0s_fc2_by_path_inspector_and_place():
     assert said["role"] == "the bias add"  # its own layer: no "in layer 0" aside
     (rej,) = [r for r in trace.steps[k].rejections if r.anchor == 56 and r.guard == GUARD]
     assert rej.path == "model.layers.0.fc2" and rej.layer == 0  # the place's name: `@ %56 (model.layers.0.fc2)`
+    gaps = step_places(trace.steps[k], trace).excused["gap in rlxviz's ops"]  # the chip tooltip's places
+    assert [g.split(":")[0] for g in gaps] == ["model.layers.0.fc2", "model.layers.1.self_attn.out_proj"]
