@@ -4,7 +4,8 @@ whisper-encoder.ortopt: layer 0's fc2 `%53 = matmul(...) @model.layers.0.fc2` st
 places, %56 ... the bias of the matmul (node 53, model.layers.0.fc2)` and its box's caption said `△2 places`).
 
 ONNX Runtime's optimizer moved fc2's bias into the next layer's SkipLayerNormalization, so the bias add (the refusal's
-anchor) is named after layer 1's norm. `trace.REFUSAL_LAYER_RULE`: a refusal is filed in the layer of the refused
+anchor) was named after layer 1's norm (it now takes its bias's path, `contrib.skip_ln`: test_skip_ln_bias_path).
+`trace.REFUSAL_LAYER_RULE`: a refusal is filed in the layer of the refused
 candidate's core op (`Rule.core`: the linear's matmul), which `Rejection.layer` reads, and with it `explain`'s text,
 `-v`, `--json`, the Why tab, the chips and the layer boxes' captions. The anchor's own label (`%56 (PATH)`) is kept."""
 
@@ -70,7 +71,7 @@ def test_whisper_layer_0_names_its_fc2_and_layer_1_does_not(capsys):
     mine, next_ = parts["layer 0"], parts["layer 1"]
     assert f"{RULE} ({GUARD}) @ %56 (" in mine and "the bias of the matmul (node 53, model.layers.0.fc2)" in mine
     assert "node 53" not in next_ and "%56" not in next_
-    assert f"{RULE} ({GUARD}) @ %87 (" in next_  # layer 1's own o_proj, its bias under its final_layer_norm
+    assert f"{RULE} ({GUARD}) @ %87 (" in next_  # layer 1's own out_proj, its bias in its final_layer_norm's node
     jcode, out, _ = cli_run(capsys, "explain", WHISPER, "--json")
     assert jcode == 0
     at = {d["layer"]: [a for g in d["gaps"] if g["rule"] == RULE for a in g["at"]] for d in json.loads(out)["layers"]}
@@ -101,11 +102,12 @@ def test_whisper_why_tab_files_fc2_in_layer_0(monkeypatch):
 
 
 def test_whisper_node_panel_of_the_bias_add_says_whose_place_it_is():
-    """%56 sits in layer 1's box (its path); its refusal is layer 0's place, and its role says so, as its mark does."""
+    """%56 sits in layer 0's box (its path, its bias's: fc2's), the layer its refusal is filed in, so its role needs no
+    `in layer N` aside (it read `the bias add in layer 0` while its path named layer 1's norm)."""
     from rlxviz.app.explain import node_report
 
     trace = _trace(WHISPER)
     k = next(k for k, s in enumerate(trace.steps) if s.pass_name == "fuse_matmul_bias_act")
     rep = node_report(trace.steps[k].before, 56, trace)
     (said,) = [x for x in rep["decisions"] if x["rule"] == RULE and x["guard"] == GUARD]
-    assert said["role"] == "the bias add in layer 0" and rep["layer"] == 1
+    assert said["role"] == "the bias add" and rep["layer"] == 0

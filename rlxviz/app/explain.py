@@ -535,7 +535,7 @@ def _own_why(trace: Trace, r: Rejection, head: Rejection, st: tuple[str, str] | 
 def _role(g: Graph, r: Rejection, node_id: int, role: str | None) -> str:
     """The role of node `node_id` of `g` in refusal `r`: its bound role's label, else `anchor`, else `_offending`'s;
     with whose place it is where the node lies in another layer than the place (`trace.whose_place`: `the bias add in
-    layer 0` on whisper-encoder.ortopt's %56, named after layer 1's norm, whose refusal is filed in its matmul's layer
+    layer 0` on a bias add a graph optimizer named after layer 1's norm, whose refusal is filed in its matmul's layer
     0 by `trace.REFUSAL_LAYER_RULE`), as its drawn mark says."""
     if not role and r.anchor != node_id:
         return _offending(g, r, node_id)

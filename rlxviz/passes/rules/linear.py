@@ -62,7 +62,8 @@ LINEAR_CORE = ("mm", "w")
 """A linear's core op, first first (`Rule.core`): its matmul, then its weight. A refusal of a matmul + bias epilogue is
 filed in the matmul's layer (`trace.REFUSAL_LAYER_RULE`), not in that of its bias add, which ONNX Runtime's optimizer
 may have named after the next layer's norm (whisper-encoder.ortopt: layer 0's fc2 bias under layer 1's
-SkipLayerNormalization)."""
+SkipLayerNormalization; rlxviz's ONNX importer gives that bias add its bias's path, `contrib.skip_ln`, but another
+front end may not)."""
 
 LINEAR = P(Op.ADD, P(Op.MATMUL, P.var("x"), P.var("w"), name="mm"), P.var("bias"), name="add", commutative=True)
 

@@ -19,11 +19,13 @@ line naming the node (never approximated):
 **Paths.** ORT names the nodes it makes `SkipLayerNorm_AddBias_0`, `Gelu_AddBias_1`: no module path, so the
 layer kind would lose them (a layer read as "attention only (no MLP)"). Such a node takes the module path its
 values' names carry (`paths`: a legacy exporter's value name `/layers.0/mlp/act/Mul_output_0`, a parameter
-`layers.0.layernorm_after.weight`); SkipLayerNormalization's residual sum takes that of its sum output (or input),
-its norm that of its output (or gamma); a bias add that of its bias parameter. Where no name carries one (a dynamo
-export's `val_95`, `linear_3`), the path is inferred from what computes its inputs and claims only what that shows
-(`inferred_path`): the layer (`model.layers.0`), not the module of its deepest input (gemma.ortopt's post-attention
-RMSNorm was said `model.layers.0.self_attn.o_proj`, as if it were the output projection).
+`layers.0.layernorm_after.weight`); SkipLayerNormalization's residual sum takes that of its sum output (or input,
+else the layer of its bias: the sum closes the bias's sublayer), its norm that of its output (or gamma); a bias add
+(SkipLayerNormalization's too, whose bias ORT took from the previous layer's fc2) that of its bias parameter.
+Where no name carries one (a dynamo export's `val_95`, `linear_3`), the path is inferred from what computes its
+inputs and claims only what that shows (`inferred_path`): the layer (`model.layers.0`), not the module of its
+deepest input (gemma.ortopt's post-attention RMSNorm was said `model.layers.0.self_attn.o_proj`, as if it were the
+output projection).
 """
 
 from __future__ import annotations
@@ -175,19 +177,29 @@ def skip_ln(ctx: _Ctx, n: Any, x: list[Value], a: dict[str, Any]) -> list[Value]
     """ORT SkipLayerNormalization(input, skip, gamma[, beta][, bias]): s = input + skip (+ bias);
     output 0 = LayerNorm(s) (RMSNorm for the simplified form, whose inputs are input, skip, gamma[, bias]),
     output 3 = s. The mean / inv_std_var outputs (1, 2) are not supported. The sum takes the module path of
-    output 3 (the residual add ORT fused), else of input 0's name; the norm that of output 0, else of gamma; where
-    no name or driver path gives one, both take the path inferred from what computes the inputs (`adopt_path`,
-    `inferred_path`: their layer)."""
+    output 3 (the residual add ORT fused), else of input 0's name, else the layer of the bias parameter's path (the
+    sum closes the sublayer whose linear the bias is: whisper.ortopt's fc2 bias of layer 0 sits in the node of layer
+    1's `self_attn_layer_norm`); the bias add that of the bias (`_numbered_like` the driver); the norm that of
+    output 0, else of gamma; where no name or driver path gives one, they take the path inferred from what computes
+    the inputs (`adopt_path`, `inferred_path`: their layer)."""
     b = ctx.b
     simplified = n.op_type.startswith("SkipSimplified")
     if any(o for i, o in enumerate(n.output) if i in (1, 2)):
         raise ctx.unsupported("the mean / inv_std_var outputs are not supported")
     own = _has_own_path(n)
+    bias_at = 3 if simplified else 4
+    has_bias = len(x) > bias_at and x[bias_at] is not None
+    bias = ""  # the bias parameter's module path, numbered like the driver's
     if not own:
         adopt_path(ctx, n, x, outputs=(3,), params=(0,))
-    bias_at = 3 if simplified else 4
+        if has_bias and (p := path_of_name(n.input[bias_at])):
+            bias = _numbered_like(ctx._contrib_driver_path[1], p)  # type: ignore[attr-defined]
+            if not any(path_of_name(v) for v in [*n.output[3:4], n.input[0]]):  # the sum names no path of its own
+                b.path = inferred_path(bias)
     s = b.add(ctx.ref(x[0]), ctx.ref(x[1]))
-    if len(x) > bias_at and x[bias_at] is not None:
+    if has_bias:
+        if bias:
+            b.path = bias
         s = b.add(s, ctx.ref(x[bias_at]))
     if not own:
         adopt_path(ctx, n, x, outputs=(0,), params=(2,))
