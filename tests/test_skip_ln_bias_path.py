@@ -70,11 +70,29 @@ def test_the_bias_add_is_the_bias_linears_and_the_sum_its_layer(tmp_path):
     assert ln.path == "encoder.layer.1.ln"  # the norm stays its gamma's: it opens layer 1
 
 
-def test_a_bias_naming_no_module_leaves_the_sum_and_add_as_before(tmp_path):
-    """A bias whose name carries no path (`val_b`): both adds take what the node's other names give (gamma's)."""
+def test_a_bias_naming_no_module_leaves_both_adds_in_the_layer_they_close(tmp_path):
+    """A bias whose name carries no path (`val_b`): the sum (and the bias add after it) take the layer of the deepest
+    input, the sublayer output they close (`_deepest_input`), not gamma's next layer (falcon.ortopt's sum of layer 0
+    was said `model.h.1.input_layernorm`)."""
     g = load_onnx(_skip_ln_model(tmp_path / "m.onnx", bias="val_b")).graph
     s, b = _adds(g)
-    assert s.path == b.path == "encoder.layer.1.ln"
+    assert s.path == b.path == "encoder.layer.0"
+    (ln,) = [n for n in g if n.op == Op.LAYER_NORM]
+    assert ln.path == "encoder.layer.1.ln"
+
+
+def test_falcon_ortopt_sum_closing_layer_0_is_layer_0s():
+    """falcon.ortopt's SkipLayerNorm_0 (no bias; gamma `model.h.1.input_layernorm.weight`): its sum of the residual
+    and layer 0's parallel attention + MLP is layer 0's, and so is the ElementwiseRegion made of it; the final sum is
+    layer 1's, not `model.ln_f`."""
+    path = Path(__file__).parent / "fixtures" / "onnx" / "ortopt" / "falcon.ortopt.onnx"
+    m = load_onnx(str(path), batch=1, seq=16)
+    sums = [n for n in m.graph if n.op == Op.ADD and any(m.graph[i].op == Op.GATHER for i in n.inputs)]
+    assert [layer_of(n.path) for n in sums] == [0]  # embeddings + layer 0's sublayers
+    final = Pipeline.canonical().run(m.graph).final
+    (region,) = [n for n in final if n.op == Op.ELEMENTWISE_REGION and sums[0].id in n.absorbed]
+    assert layer_of(region.path) == 0
+    assert not any(n.path.startswith("model.ln_f") for n in m.graph if n.op == Op.ADD)
 
 
 @functools.cache

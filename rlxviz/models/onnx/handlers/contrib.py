@@ -85,11 +85,16 @@ def adopt_path(ctx: _Ctx, n: Any, x: list[Value], outputs: tuple[int, ...] = (0,
     ctx.b.path = driver
     if not driver:  # a dynamo export's value names (val_95) carry none: the deepest path of what computes its
         # inputs (a residual add of the embeddings and a layer's output projection belongs to the layer)
-        paths = [ctx.b.lookup(v).path for v in x if isinstance(v, Ref)]  # on a tie the later input (ORT puts the
-        # sublayer's output after the residual stream it joins)
-        ranked = max(enumerate(paths), key=lambda kv: (kv[1].count(".") + (1 if kv[1] else 0), kv[0]), default=None)
-        ctx.b.path = inferred_path(ranked[1]) if ranked is not None else ""
+        ctx.b.path = inferred_path(_deepest_input(ctx, x))
     return ctx.b.path
+
+
+def _deepest_input(ctx: _Ctx, x: list[Value]) -> str:
+    """The deepest module path of the IR nodes computing `x` ('' when none has one); on a tie the later input's
+    (ORT puts the sublayer's output after the residual stream it joins)."""
+    paths = [ctx.b.lookup(v).path for v in x if isinstance(v, Ref)]
+    ranked = max(enumerate(paths), key=lambda kv: (kv[1].count(".") + (1 if kv[1] else 0), kv[0]), default=None)
+    return ranked[1] if ranked is not None else ""
 
 
 def inferred_path(deepest: str) -> str:
@@ -179,9 +184,11 @@ def skip_ln(ctx: _Ctx, n: Any, x: list[Value], a: dict[str, Any]) -> list[Value]
     output 3 = s. The mean / inv_std_var outputs (1, 2) are not supported. The sum takes the module path of
     output 3 (the residual add ORT fused), else of input 0's name, else the layer of the bias parameter's path (the
     sum closes the sublayer whose linear the bias is: whisper.ortopt's fc2 bias of layer 0 sits in the node of layer
-    1's `self_attn_layer_norm`); the bias add that of the bias (`_numbered_like` the driver); the norm that of
-    output 0, else of gamma; where no name or driver path gives one, they take the path inferred from what computes
-    the inputs (`adopt_path`, `inferred_path`: their layer)."""
+    1's `self_attn_layer_norm`), else, with no bias, the layer of its deepest input (`_deepest_input`: the sublayer
+    output it closes; falcon.ortopt's sum closing layer 0 had gamma's `model.h.1.input_layernorm`); the bias add
+    that of the bias (`_numbered_like` the driver); the norm that of output 0, else of gamma; where no name or
+    driver path gives one, they take the path inferred from what computes the inputs (`adopt_path`,
+    `inferred_path`: their layer)."""
     b = ctx.b
     simplified = n.op_type.startswith("SkipSimplified")
     if any(o for i, o in enumerate(n.output) if i in (1, 2)):
@@ -192,10 +199,13 @@ def skip_ln(ctx: _Ctx, n: Any, x: list[Value], a: dict[str, Any]) -> list[Value]
     bias = ""  # the bias parameter's module path, numbered like the driver's
     if not own:
         adopt_path(ctx, n, x, outputs=(3,), params=(0,))
+        named = any(path_of_name(v) for v in [*n.output[3:4], n.input[0]])  # the sum names a path of its own
         if has_bias and (p := path_of_name(n.input[bias_at])):
             bias = _numbered_like(ctx._contrib_driver_path[1], p)  # type: ignore[attr-defined]
-            if not any(path_of_name(v) for v in [*n.output[3:4], n.input[0]]):  # the sum names no path of its own
+            if not named:
                 b.path = inferred_path(bias)
+        elif not named and (deepest := _deepest_input(ctx, x[:2])):
+            b.path = inferred_path(deepest)  # the layer of the sublayer output it closes, not gamma's next layer
     s = b.add(ctx.ref(x[0]), ctx.ref(x[1]))
     if has_bias:
         if bias:
