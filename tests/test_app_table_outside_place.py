@@ -89,3 +89,24 @@ def _no_layer_trace():
 
     case = Path(__file__).resolve().parent / "data" / "cases" / "03-prescaled-query.rlx"
     return run_pipeline(load_ir_file(case).graph, build_pipeline("canonical"))
+
+
+def test_an_encoder_decoder_tables_layers_name_their_stack(monkeypatch):
+    """bart.encdec: encoder layer 0 and decoder layer 0 both read `0` in the layer column (newcomer run 29), where
+    `explain`, `--json` and the Why tab say `encoder layer 0` / `decoder layer 0`: the cell names the stack, and the
+    header filter takes text then."""
+    from rlxviz.app.whyview import LAYER_FILTERS
+
+    path = Path(__file__).resolve().parent / "fixtures" / "onnx" / "zoo" / "bart.encdec.onnx"
+    monkeypatch.setattr(isolated, "run_isolated", _inline)
+    monkeypatch.setenv(ALLOWED_DIRS_ENV, str(path.parent))
+    s = AppState(runner=Runner(background=False), preset="bert-tiny", seq=8)
+    s.param.update(checkpoint_dir=str(path), source="checkpoint")
+    assert s.model is not None, s.message
+    table = DecisionTable(state=s)
+    cells = {c for c, r in zip(table.table.value["layer"], table._rows, strict=True) if r["layer"] is not None}
+    assert {"encoder 0", "encoder 1", "decoder 0", "decoder 1"} <= cells and not any(isinstance(c, int) for c in cells)
+    assert table.table.header_filters["layer"] == LAYER_FILTERS["text"]
+    t = table.table
+    t.filters = [{"field": "layer", "type": "like", "value": "decoder 1"}]
+    assert set(t.current_view["layer"]) == {"decoder 1"}

@@ -85,12 +85,35 @@ LAYER_SORTER = "alphanum"
 name (`layer_cells`; an object column sorted as strings put layer 10 before layer 2)."""
 
 
+def _stacked(rows: list[dict[str, Any]]) -> bool:
+    """The rows' layers lie in more than one stack (`trace.Layer.stack`: an encoder-decoder model)."""
+    return len({getattr(r["layer"], "stack", "") for r in rows if r["layer"] is not None}) > 1
+
+
+def _layer_cell(layer: Any, stacked: bool) -> int | str:
+    """A layer's cell: its number, or `encoder 0` / `decoder 0` where the model has more than one stack (`stacked`:
+    bart.encdec's encoder and decoder layer 0 both read `0`)."""
+    return f"{layer.stack} {int(layer)}" if stacked and getattr(layer, "stack", "") else int(layer)
+
+
+LAYER_FILTERS = {"number": {"type": "number", "func": "=", "placeholder": "layer"},
+                 "text": {"type": "input", "func": "like", "placeholder": "layer"}}
+"""The layer column's header filter: a layer number (`=`), or text (`like`) where the layers are named by stack
+(`decoder 1`)."""
+
+
+def _filter_kind(rows: list[dict[str, Any]]) -> str:
+    """`number` (the `=` of a layer number: a place's row never matches) unless the layers' cells name their stack."""
+    return "text" if _stacked(rows) else "number"
+
+
 def layer_cells(rows: list[dict[str, Any]]) -> pd.Series:
     """The table's layer column of `decision_rows` `rows`: each row's layer number, or for a row of no layer its
     place outside the layers (`place`: `embeddings`, `pooler`, `final norm`: `placement.outside_box`, the name
     `explain`'s `outside the layers:` line gives it; deit.ortopt's embeddings row read `-`); NA where neither (a graph
     whose node paths name no layer). Int64 when no row names a place, else object (ints and strings)."""
-    cells = [int(r["layer"]) if r["layer"] is not None else (r.get("place") or None) for r in rows]
+    stacked = _stacked(rows)
+    cells = [_layer_cell(r["layer"], stacked) if r["layer"] is not None else (r.get("place") or None) for r in rows]
     if any(isinstance(c, str) for c in cells):
         return pd.Series(cells, dtype=object)
     return pd.Series(cells, dtype="Int64")
@@ -109,15 +132,16 @@ class DecisionTable(Viewer):
         # line says what it lists, and the box narrows it to the selected version's pass
         self.only = pn.widgets.Checkbox(name="only the selected version's pass", value=False,
                                         css_classes=["rv-decisions-only"])
+        frame = self._frame()
         self.table = pn.widgets.Tabulator(
-            self._frame(), show_index=False, sizing_mode="stretch_both", min_height=TABLE_MIN_PX, pagination=None,
+            frame, show_index=False, sizing_mode="stretch_both", min_height=TABLE_MIN_PX, pagination=None,
             disabled=True, selectable=1, layout="fit_columns", css_classes=["rv-decisions"],
             stylesheets=[TABLE_CSS],
             sorters=[],  # the rows' own order (`ORDER_NOTE`): a sort by kind scattered a layer's rows
             header_filters={"kind": {"type": "list", "values": ["fused", REJECTED, LEFT_OUT_STATUS, *STANDING_GROUPS],
                                      "clearable": True},
                             "pass": {"type": "input", "func": "like", "placeholder": "pass"},
-                            "layer": {"type": "number", "func": "=", "placeholder": "layer"},
+                            "layer": LAYER_FILTERS[_filter_kind(self._rows)],
                             "guard": {"type": "input", "func": "like", "placeholder": "guard"}},
             formatters={c: {"type": "textarea"} for c in WRAPPED}, widths=dict(COLUMN_WIDTHS),
             titles=dict(COLUMN_TITLES), header_tooltips=dict(HEADER_TIPS),
@@ -142,7 +166,8 @@ class DecisionTable(Viewer):
         row of another list)."""
         s = self.state
         frame = self._frame()
-        self.table.param.update(value=frame, selection=[])
+        filters = {**self.table.header_filters, "layer": LAYER_FILTERS[_filter_kind(self._rows)]}
+        self.table.param.update(value=frame, selection=[], header_filters=filters)
         rows = len(self._rows)
         if s.trace is None:
             self.about.object = ""
