@@ -64,8 +64,11 @@ def test_explain_says_so_for_both_layers(capsys):
     code, text, _ = cli_run(capsys, "explain", ORTOPT, "-v")
     assert code == 0
     head = next(line for line in text.splitlines() if line.startswith("albert.ortopt"))
-    assert "alone is not enough in 2 of them" in head, head
-    assert f"fc2_bias_after_residual (a gap in rlxviz's ops: {RESIDUAL_BIAS})" in head, head
+    assert "a fix alone is not enough in 2 of them" in head, head
+    assert f"alone, fc2_bias_after_residual (a gap in rlxviz's ops: {RESIDUAL_BIAS}) fails next" in head, head
+    # each form with what its own fix leaves failing (both forms' fixes named before both blockers read as if fixing
+    # both were not enough, newcomer run 29)
+    assert f"with the fix for {RESIDUAL_BIAS} alone, fc1_activation" in head, head
     layer0 = next(line for line in text.splitlines() if "(fc1_activation) @" in line)
     assert "@0.attention" in layer0
     assert f"alone it is not enough: fc2_bias_after_residual (a gap in rlxviz's ops: {RESIDUAL_BIAS}) fails next" \

@@ -121,9 +121,9 @@ def test_esm_qdyn_text_and_json_agree(capsys):
     n = len(j["layers"])
     assert d and jcode == code and j["ok"] and j["fused_layers"] == 0 and j["gap_layers"] == n == 2
     assert (f"0/{n} layer(s) fused as expected; {n} {OPS_WORDS} (rlxviz lacks {INTEGER_QKV_GAP}, "
-            f"{PRE_ROPE_SCALE_GAP}: a compiler fix; the fix for {PRE_ROPE_SCALE_GAP} alone is not enough in 2 of "
-            "them: qkv_packed (a gap in rlxviz's ops: FusedAttentionBlock over integer-matmul Q/K/V projections "
-            "(dynamic quantization)) fails next)\n") in text, text  # two forms: whose fix was checked
+            f"{PRE_ROPE_SCALE_GAP}: a compiler fix; a fix alone is not enough in 2 of them: with the fix for "
+            f"{PRE_ROPE_SCALE_GAP} alone, qkv_packed (a gap in rlxviz's ops: FusedAttentionBlock over integer-matmul "
+            "Q/K/V projections (dynamic quantization)) fails next)\n") in text, text  # two forms: whose fix was checked
     assert "NOT fused" not in text
     for lv in j["layers"]:
         assert lv["status"] == OPS_WORDS and lv["first"] is None

@@ -57,10 +57,10 @@ activation out was a miss only in `--json`)."""
 _HEAD = re.compile(r"^(\S.*?): (fused|NOT fused|held back by [^:]+)")
 _COUNT = re.compile(r"\((\S+) pipeline\): (\d+)/(\d+) layer\(s\) fused as expected(?:; (.+))?$")
 _GAPS = re.compile(r"^(\d+) [^(]+?(?:, (\d+) [^(]+)? \(rlxviz lacks (.+): a compiler fix(?:, nothing in the model to "
-                   r"change|(?:; (?:alone it is|the fix for .+? alone is) not enough in \d+ of them: .+? fails "
-                   r"next)?(?:; a workaround in the model in \d+ of them \((?:(?:in \d+ of them )?it changes the "
-                   r"numbers at rounding level only; )?their gap lines name "
-                   r"it\))?)\)$")
+                   r"change|(?:; (?:alone it is not enough in \d+ of them: .+? fails next|a fix alone is not enough "
+                   r"in \d+ of them: (?:with the fix for .+? alone, .+? fails next(?:; )?)+))?(?:; a workaround in "
+                   r"the model in \d+ of them \((?:(?:in \d+ of them )?it changes the numbers at rounding level only; "
+                   r")?their gap lines name it\))?)\)$")
 """The headline's count of the layers held back only by rlxviz's ops (`text.gap_words`): one or two counts, the
 forms."""
 

@@ -438,10 +438,15 @@ def gap_words(r: RunVerdict) -> str:
     # the fusion too (`caveat.model_fix_note`): "nothing in the model to change" is not true there, so the headline
     # says what fails next, and in how many layers the model can be changed instead
     # where rlxviz lacks several forms, whose fix was checked alone (`caveat.CAVEAT_OF`, as the gap lines say it)
-    whose = (f"the fix for {', '.join(dict.fromkeys(g.form for g in firsts))} alone is" if len(gap_forms(r)) > 1
-             else "alone it is")
-    alone = (f"; {whose} not enough in {len(blockers)} of them: {', '.join(dict.fromkeys(blockers))} fails next"
-             if blockers else "")
+    if len(gap_forms(r)) > 1:  # each form with what fails next after its fix alone (albert.ortopt: two gaps, each
+        # fix alone leaves the other: "the fix for X, Y alone ...: y, x fails next" read as a contradiction)
+        pairs = dict.fromkeys((g.form, g.blocker) for g in firsts)
+        alone = (f"; a fix alone is not enough in {len(blockers)} of them: "
+                 + "; ".join(f"with the fix for {form} alone, {blocker} fails next" for form, blocker in pairs)
+                 if blockers else "")
+    else:
+        alone = (f"; alone it is not enough in {len(blockers)} of them: {', '.join(dict.fromkeys(blockers))} fails "
+                 f"next" if blockers else "")
     rounded = sum(s.gap_workaround_rounded for s in short)  # `OpGap.rounded`: equal only up to rounding
     exactly = ("" if not rounded else f"it {ROUNDING_ONLY}; " if rounded == worked else
                f"in {rounded} of them it {ROUNDING_ONLY}; ")  # the words of every rounding-only change
