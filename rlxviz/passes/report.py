@@ -180,17 +180,21 @@ def fix_line(trace: Trace, step: int, r: Rejection) -> str:
 
 def _refused_by(trace: Trace, step: int, r: Rejection, name: str) -> tuple[int, Rejection] | None:
     """`(step, refusal)`: the last headline refusal of pass `name`, run before `trace.steps[step]`, on rejection
-    `r`'s nodes or their producers, one anchored there first (a refusal that only shares a node read by several
-    layers, one RoPE table or mask, is another layer's); None when it refused none there (or did not run before)."""
+    `r`'s nodes or their producers: first one whose place binds a node `r`'s failed check blames (`r.offending`:
+    beit's layer-1 `ln1` blames attn's user, the layer-scale mul %123, which fuse_residual_ln's refusal at the sum
+    %124 binds as its x; its refusal at the layer input's sum %89, where %124 is only an extra reader, is another
+    place), then one anchored there (a refusal that only shares a node read by several layers, one RoPE table or
+    mask, is another layer's); None when it refused none there (or did not run before)."""
     mine = {*r.bindings.values(), *r.offending, r.anchor}
     related = []
     for k, s in enumerate(trace.steps[:step]):
         if s.pass_name != name or s.error:
             continue
         near = _producers(s.before, mine)
-        related += [(x.anchor in near, k, x) for x in s.rejections
-                    if x.headline and {*x.bindings.values(), *x.offending, x.anchor} & near]
-    pick = [(k, x) for at, k, x in related if at] or [(k, x) for _, k, x in related]
+        related += [(2 if set(r.offending) & {*x.bindings.values()} else int(x.anchor in near), k, x)
+                    for x in s.rejections if x.headline and {*x.bindings.values(), *x.offending, x.anchor} & near]
+    best = max((at for at, _, _ in related), default=0)
+    pick = [(k, x) for at, k, x in related if at == best]
     return pick[-1] if pick else None
 
 
