@@ -74,18 +74,21 @@ QUIET = Fail("structure", "", "", quiet=True)
 
 @dataclass(frozen=True)
 class Shape:
-    """Structure step: `pattern` must match at the node bound to `role` (adds its captures)."""
+    """Structure step: `pattern` must match at the node bound to `role` (adds its captures). `hint`: the change to
+    the model, `fix`: the compiler fix (one of them declared, `tests/test_fix_declared.py`), `remedy`: its refusal's
+    `guard.REMEDIES` (`COMPILER_ONLY`: no change to the model that keeps its numbers makes the match)."""
 
     name: str
     role: str
     pattern: P
     hint: str = ""
     fix: str = ""
+    remedy: str = ""
 
     def __call__(self, ctx: Ctx) -> Fail | None:
         r = self.pattern.match(ctx.graph, ctx.id(self.role), ctx.bindings, self.role)
         if isinstance(r, Miss):
-            return _miss_fail(self.name, ctx, r, self.hint, self.fix)
+            return replace(_miss_fail(self.name, ctx, r, self.hint, self.fix), remedy=self.remedy)
         ctx.bindings.update(r)
         return None
 
@@ -103,6 +106,7 @@ class User:
     attention. A user that fits `pattern` but does not play the role is never bound: with none that does, the step
     fails at `of` naming those users and `plays_what` (what the role's node leads to), instead of binding one and
     letting later guards judge it in a role it does not have. None: every user that fits the pattern plays it.
+    `hint`, `fix` and `remedy` as `Shape`'s.
 
     Several users may fit and play (two linears reading h1 that each feed a linear): `candidates` lists them by node
     id, and the engine tries each in turn when a later step fails (`search.attempt`, bounded by
@@ -118,6 +122,7 @@ class User:
     fix: str = ""
     plays: Callable[[Graph, int], bool] | None = None
     plays_what: str = ""
+    remedy: str = ""
 
     def __call__(self, ctx: Ctx) -> Fail | None:
         found = self.candidates(ctx)
@@ -143,6 +148,10 @@ class User:
                 found.append((u.id, r))
         if found:
             return sorted(found, key=lambda f: f[0])
+        return replace(self._refusal(ctx, users, fits, misses), remedy=self.remedy)
+
+    def _refusal(self, ctx: Ctx, users: Sequence[Node], fits: Sequence[Node], misses: Sequence[Miss]) -> Fail:
+        """The step's failure when no user of `of` fits the pattern and plays the role (`candidates`)."""
         if fits:
             return self._not_playing(ctx, users, fits)
         deep = max(misses, key=lambda m: m.depth) if misses else None

@@ -162,6 +162,9 @@ def _not_biased_scores(c: Ctx) -> Fail | None:
     return QUIET if _biased_scores(c.graph, c["s"]) else None
 
 
+SCORES_DTYPE_FIX = "a fill test for the scores' own dtype (its lowest value as the fill)"
+"""The compiler fix of `scores_f32`: the padding fill is recognized as f32's min only."""
+
 WHERE_BIAS = Rule(
     "canonicalize_exported.where_bias",
     P(Op.ADD, P.var("s"), _padding_mask("bias"), name="add", commutative=True),
@@ -170,7 +173,7 @@ WHERE_BIAS = Rule(
         _fills_guard("bias", "none: another fill is a different mask (the sum is not a where)"),
         guard("scores_f32", lambda c: c["s"].dtype == DType.f32,
               lambda c: f"{c.d('s')} is {c['s'].dtype}; needs f32 (the fill is f32's min)", requires=("s",),
-              kind=NOT_RECOGNIZED),
+              kind=NOT_RECOGNIZED, fix=SCORES_DTYPE_FIX),
         guard("bias_no_widen", lambda c: broadcast(c["s"].shape, c["bias"].shape) == c["s"].shape,
               lambda c: f"{c.d('bias')} {list(c['bias'].shape)} widens {c.d('s')} {list(c['s'].shape)}",
               requires=("bias", "s"), kind=ILLEGAL),
@@ -348,7 +351,7 @@ BIAS_THEN_MASK = Rule(
         _fills_guard("mask", "none: another fill is a different mask"),
         guard("scores_f32", lambda c: c["s"].dtype == c["bias"].dtype == DType.f32,
               lambda c: f"{c.d('s')} is {c['s'].dtype} and {c.d('bias')} {c['bias'].dtype}; needs f32 (the fill is "
-                        "f32's min)", requires=("s", "bias"), kind=NOT_RECOGNIZED),
+                        "f32's min)", requires=("s", "bias"), kind=NOT_RECOGNIZED, fix=SCORES_DTYPE_FIX),
     ),
     result="add", absorb=("sum", "add"),
     rewrite=lambda c, rw: _bias_plus_mask(c, rw),
