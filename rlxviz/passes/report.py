@@ -181,15 +181,21 @@ def fix_line(trace: Trace, step: int, r: Rejection) -> str:
 def _refused_by(trace: Trace, step: int, r: Rejection, name: str) -> tuple[int, Rejection] | None:
     """`(step, refusal)`: the last headline refusal of pass `name`, run before `trace.steps[step]`, on rejection
     `r`'s nodes or their producers, one anchored there first (a refusal that only shares a node read by several
-    layers, one RoPE table or mask, is another layer's); None when it refused none there (or did not run before)."""
+    layers, one RoPE table or mask, is another layer's); None when it refused none there (or did not run before).
+    A refusal's nodes are those it refused, not those its pass took in the same step: cohere's
+    `merge_keeps_fusions` binds the Q/K/V projections its pass merged (node 352) and refuses only the MLP's matmul
+    (node 346), which feeds no RoPE; citing it there told a user to change a cost test that never stood in the way."""
     mine = {*r.bindings.values(), *r.offending, r.anchor}
     related = []
     for k, s in enumerate(trace.steps[:step]):
         if s.pass_name != name or s.error:
             continue
         near = _producers(s.before, mine)
-        related += [(x.anchor in near, k, x) for x in s.rejections
-                    if x.headline and {*x.bindings.values(), *x.offending, x.anchor} & near]
+        taken = {i for m in s.matches for i in (*m.bindings.values(), m.anchor)}
+        for x in s.rejections:
+            refused = {*x.bindings.values(), *x.offending, x.anchor} - taken
+            if x.headline and refused & near:
+                related.append((x.anchor in near and x.anchor in refused, k, x))
     pick = [(k, x) for at, k, x in related if at] or [(k, x) for _, k, x in related]
     return pick[-1] if pick else None
 
