@@ -8,9 +8,10 @@ which feeds no RoPE. `report._refused_by` took any refusal whose bound nodes met
 soft refusal binds the Q/K/V projections it merged: a user following the text would change the cost test and still
 not get the fusion.
 
-Decision: a refusal's nodes are the ones it bound or marked less those its pass took in a match of the same step;
-it is cited only when one of those is among the failing check's nodes or their producers. Cohere now reads "ran
-before and did its part here (... node 352)".
+Decision: a refusal's nodes are the ones it marks (subject, offending), else the ones it bound less those its pass
+took in a match of the same step; it is cited only when one of those is among the failing check's nodes or their
+producers (a `biases_mergeable` refusal marks the merged projection whose bias stayed apart, and is still cited).
+Cohere now reads "ran before and did its part here (... node 352)".
 """
 
 from __future__ import annotations
@@ -57,6 +58,12 @@ def _ancestors(g, ids: set) -> set:
     return seen
 
 
+def _marked(x, taken: set) -> set:
+    """The nodes refusal `x` is about: its subject and offending nodes, else its bound nodes less `taken` (those its
+    pass took into a match of the same step)."""
+    return {*x.offending, *([x.subject] if x.subject is not None else [])} or {*x.bindings.values(), x.anchor} - taken
+
+
 def _worded(t, k, r):
     """`(rejection, message)` pairs `explain -v` words for headline refusal `r` of `t.steps[k]`: its own message and,
     when its compiler fix checked at its rule alone still fails, that failure re-worded at `r`'s nodes (the
@@ -70,8 +77,8 @@ def _worded(t, k, r):
 
 @pytest.mark.parametrize("name", CITING)
 def test_every_cited_refusal_refused_a_node_the_check_reads(name):
-    """Each "P ran before and said no here: G" names a refusal by P of G, before this step, that refused (did not
-    take into a match of its own step) a node at or above the failing check's nodes."""
+    """Each "P ran before and said no here: G" names a refusal by P of G, before this step, about (`_marked`) a node
+    at or above the failing check's nodes."""
     npz = ZOO / f"{name}.npz"  # a model with a past length (cohere.kv) takes its shapes from the sibling inputs
     shapes = {k: v.shape for k, v in np.load(npz).items()} if npz.exists() else None
     t = Pipeline.canonical().run(load(str(ZOO / f"{name}.onnx"), input_shapes=shapes).graph)
@@ -88,6 +95,5 @@ def test_every_cited_refusal_refused_a_node_the_check_reads(name):
                             continue
                         taken = {i for m in s.matches for i in (*m.bindings.values(), m.anchor)}
                         above = _ancestors(s.before, mine)
-                        ok |= any(x.guard == guard and ({*x.bindings.values(), *x.offending, x.anchor} - taken) & above
-                                  for x in s.rejections)
+                        ok |= any(x.guard == guard and _marked(x, taken) & above for x in s.rejections)
                     assert ok, (name, step.pass_name, r.guard, r.anchor, pass_name, guard)
