@@ -8,7 +8,7 @@ which feeds no RoPE. `report._refused_by` took any refusal whose bound nodes met
 soft refusal binds the Q/K/V projections it merged: a user following the text would change the cost test and still
 not get the fusion.
 
-Decision: a refusal's nodes are the ones it marks (subject, offending), else the ones it bound less those its pass
+Decision: a refusal's nodes are the ones it marks (subject, offending) and the ones it bound less those its pass
 took in a match of the same step; it is cited only when one of those is among the failing check's nodes or their
 producers (a `biases_mergeable` refusal marks the merged projection whose bias stayed apart, and is still cited).
 Cohere now reads "ran before and did its part here (... node 352)".
@@ -59,9 +59,9 @@ def _ancestors(g, ids: set) -> set:
 
 
 def _marked(x, taken: set) -> set:
-    """The nodes refusal `x` is about: its subject and offending nodes, else its bound nodes less `taken` (those its
+    """The nodes refusal `x` is about: its subject and offending nodes, and its bound nodes less `taken` (those its
     pass took into a match of the same step)."""
-    return {*x.offending, *([x.subject] if x.subject is not None else [])} or {*x.bindings.values(), x.anchor} - taken
+    return {*x.offending, *([x.subject] if x.subject is not None else [])} | ({*x.bindings.values(), x.anchor} - taken)
 
 
 def _worded(t, k, r):

@@ -182,8 +182,8 @@ def _refused_by(trace: Trace, step: int, r: Rejection, name: str) -> tuple[int, 
     """`(step, refusal)`: the last headline refusal of pass `name`, run before `trace.steps[step]`, on rejection
     `r`'s nodes or their producers, one anchored there first (a refusal that only shares a node read by several
     layers, one RoPE table or mask, is another layer's); None when it refused none there (or did not run before).
-    A refusal's nodes are what it marks (its subject and offending nodes; without them, its bound nodes less those
-    its pass took in a match of the same step): cohere's `merge_keeps_fusions` binds the Q/K/V projections its
+    A refusal's nodes are what it marks (its subject and offending nodes) and its bound nodes less those its pass
+    took in a match of the same step: cohere's `merge_keeps_fusions` binds the Q/K/V projections its
     pass merged (node 352) and marks only the MLP's matmul (node 346), which feeds no RoPE; citing it there told a
     user to change a cost test that never stood in the way. `biases_mergeable` marks a merged projection whose
     bias stayed apart: that one is still its refusal's."""
@@ -196,7 +196,7 @@ def _refused_by(trace: Trace, step: int, r: Rejection, name: str) -> tuple[int, 
         taken = {i for m in s.matches for i in (*m.bindings.values(), m.anchor)}
         for x in s.rejections:
             marked = {*x.offending, *([x.subject] if x.subject is not None else [])}
-            refused = marked or {*x.bindings.values(), x.anchor} - taken
+            refused = marked | ({*x.bindings.values(), x.anchor} - taken)
             if x.headline and refused & near:
                 related.append((x.anchor in near, k, x))
     pick = [(k, x) for at, k, x in related if at] or [(k, x) for _, k, x in related]
