@@ -184,15 +184,24 @@ def _refused_by(trace: Trace, step: int, r: Rejection, name: str) -> tuple[int, 
     beit's layer-1 `ln1` blames attn's user, the layer-scale mul %123, which fuse_residual_ln's refusal at the sum
     %124 binds as its x; its refusal at the layer input's sum %89, where %124 is only an extra reader, is another
     place), then one anchored there (a refusal that only shares a node read by several layers, one RoPE table or
-    mask, is another layer's); None when it refused none there (or did not run before)."""
+    mask, is another layer's); None when it refused none there (or did not run before).
+    A refusal's nodes are what it marks (its subject and offending nodes) and its bound nodes less those its pass
+    took in a match of the same step: cohere's `merge_keeps_fusions` binds the Q/K/V projections its
+    pass merged (node 352) and marks only the MLP's matmul (node 346), which feeds no RoPE; citing it there told a
+    user to change a cost test that never stood in the way. `biases_mergeable` marks a merged projection whose
+    bias stayed apart: that one is still its refusal's."""
     mine = {*r.bindings.values(), *r.offending, r.anchor}
     related = []
     for k, s in enumerate(trace.steps[:step]):
         if s.pass_name != name or s.error:
             continue
         near = _producers(s.before, mine)
-        related += [(2 if set(r.offending) & {*x.bindings.values()} else int(x.anchor in near), k, x)
-                    for x in s.rejections if x.headline and {*x.bindings.values(), *x.offending, x.anchor} & near]
+        taken = {i for m in s.matches for i in (*m.bindings.values(), m.anchor)}
+        for x in s.rejections:
+            marked = {*x.offending, *([x.subject] if x.subject is not None else [])}
+            refused = marked | ({*x.bindings.values(), x.anchor} - taken)
+            if x.headline and refused & near:
+                related.append((2 if set(r.offending) & {*x.bindings.values()} else int(x.anchor in near), k, x))
     best = max((at for at, _, _ in related), default=0)
     pick = [(k, x) for at, k, x in related if at == best]
     return pick[-1] if pick else None
