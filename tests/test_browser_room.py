@@ -62,6 +62,18 @@ def _until(pg, cond, timeout_s: float = 30) -> None:
         pg.wait_for_timeout(200)
 
 
+
+def _break_a_layer(pg, says: str):
+    """Click ② and wait until the banner says `says` and the after pane shows fuse_transformer_layer's version;
+    the banner's locator."""
+    pg.locator(".rv-start-break button").click()
+    msg = pg.locator(".rv-message")
+    expect(msg).to_contain_text(says, timeout=3 * WAIT_MS)
+    _idle(pg)
+    expect(pg.locator(".rv-after .rv-title")).to_have_text(re.compile("fuse_transformer_layer"))
+    pg.wait_for_timeout(300)
+    return msg
+
 def _graph_height(pg, height: int) -> float:
     """Height of the after pane's drawing area inside the window, px."""
     wrap = pg.locator(".rv-after .rv-wrap").bounding_box()
@@ -83,12 +95,7 @@ def test_the_graph_keeps_450px_with_the_banner_and_the_why_drawing_opens_full_si
         pg.locator(".rv-start-step button").click()
         expect(pg.locator(".rv-start-note")).to_contain_text("Showing after")
         expect(pg.locator(".rv-start-drop button")).to_be_visible()  # the folded strip's way to the drop zone
-        pg.locator(".rv-start-break button").click()
-        msg = pg.locator(".rv-message")
-        expect(msg).to_contain_text("layer 1 NOT fused", timeout=3 * WAIT_MS)
-        _idle(pg)
-        expect(pg.locator(".rv-after .rv-title")).to_have_text(re.compile("fuse_transformer_layer"))
-        pg.wait_for_timeout(300)
+        msg = _break_a_layer(pg, "layer 1 NOT fused")
         # the banner: one line, its whole text one click away
         assert msg.bounding_box()["height"] <= 40, msg.bounding_box()
         pg.screenshot(path=str(ART / f"room-banner-{w}x{h}.png"))
@@ -216,12 +223,7 @@ def test_the_banner_after_break_names_its_guard_and_shows_its_whole_text(browser
         _idle(pg)
         pg.locator(".rv-start-step button").click()
         expect(pg.locator(".rv-start-note")).to_contain_text("Showing after")
-        pg.locator(".rv-start-break button").click()
-        msg = pg.locator(".rv-message")
-        expect(msg).to_contain_text("guard h1_user_count", timeout=3 * WAIT_MS)
-        _idle(pg)
-        expect(pg.locator(".rv-after .rv-title")).to_have_text(re.compile("fuse_transformer_layer"))
-        pg.wait_for_timeout(300)
+        msg = _break_a_layer(pg, "guard h1_user_count")
         folded = msg.evaluate(WHOLE_JS)
         end, right = msg.evaluate(WORD_JS, "guard h1_user_count")
         assert end <= right - 12, (end, right, folded["text"])  # the guard's name is drawn, not behind the "…"

@@ -88,7 +88,6 @@ def not_near_misses(step: PassStep, trace: Trace | None = None) -> dict[str, lis
     return step_places(step, trace).faded
 
 
-
 def version_rows(trace: Trace, visible: list[tuple[int, str]]) -> list[dict]:
     """One row per version of `trace` in `visible` ((index into `trace.versions()`, label), in order): what
     `Derived.version_rows` says of each (its ops, their change, matches, near-misses, places that are nothing to fix,
