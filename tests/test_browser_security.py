@@ -14,6 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from playwright.sync_api import TimeoutError as PlaywrightTimeout
 from playwright.sync_api import expect
 from served import ART, chromium, close_inspector, context, free_port, open_tab, served_app
 
@@ -99,6 +100,21 @@ def _paste_ir(pg, text):
     pg.keyboard.insert_text(text)
 
 
+def _gutter_tooltip(pg, mark, text: str):
+    """Hover a gutter mark until Ace shows the tooltip holding *text* (the page may hold other, empty Ace
+    tooltips; a loaded machine can miss the first mouse move, so it moves away and back, up to 5 times)."""
+    tip = pg.locator(".ace_tooltip", has_text=text)
+    for _ in range(5):
+        pg.mouse.move(0, 0)
+        mark.hover()
+        try:
+            tip.wait_for(state="visible", timeout=5_000)
+            break
+        except PlaywrightTimeout:
+            continue
+    return tip
+
+
 def _inspected_text(pg) -> str:
     """What the node inspector shows for each node of the after-pane, clicked in turn, joined by lines."""
     shown = []
@@ -141,9 +157,8 @@ def test_hostile_model_text_is_shown_as_text_everywhere(browser, server):
         # the editor marks the line of the node the error names; its tooltip quotes the hostile path as text
         mark = pg.locator(".rv-ir-text .ace_gutter-cell.ace_error")
         expect(mark).to_have_count(1)
-        mark.hover()
-        tip = pg.locator(".ace_tooltip").first
-        expect(tip).to_contain_text("%3 (exp @![t](http://example.org/leak.png)): declared")
+        tip = _gutter_tooltip(pg, mark, "%3 (exp @![t](http://example.org/leak.png)): declared")
+        expect(tip).to_be_visible()
         pg.screenshot(path=str(ART / "app-hostile-text.png"))
         _assert_clean(pg, seen)
 
