@@ -3,6 +3,7 @@
 `--dim` flag, binds it with the sidebar's Input dims box and says so in its message (newcomer run 26: beit.optimum's
 bare `explain` stopped at "cannot bind dimension 2 (height)" with the npz beside it; the app said `--dim`)."""
 
+import pickle
 import subprocess
 import sys
 from pathlib import Path
@@ -47,8 +48,10 @@ def test_the_cli_names_the_inputs_file_beside_the_model(tmp_path, beside):
     np.savez(npz, pixel_values=np.ones((1, 3, 4, 5), np.float32))
     r = explain(model)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
-    assert "cannot bind dimension 2 (height)" in r.stderr, r.stderr
-    assert f"{npz.name} beside the file holds 'pixel_values': --inputs {npz}" in r.stderr, r.stderr
+    assert "cannot bind dimensions 2 (height), 3 (width)" in r.stderr, r.stderr
+    # the dims its array's shape gives, read from the npz's header (newcomer run: asked for one dim at a time)
+    assert (f"{npz.name} beside the file holds 'pixel_values': --inputs {npz}, or the dims its shapes give: --dim "
+            f"height=4 --dim width=5") in r.stderr, r.stderr
 
 
 def test_no_file_beside_or_one_without_the_input_names_none(tmp_path):
@@ -83,8 +86,10 @@ def test_the_app_asks_for_the_dims_box_then_loads_with_it(tmp_path, monkeypatch)
     shown = s.model.name
     s.param.update(checkpoint_dir=str(model), source="checkpoint")
     assert s.message_kind == "danger" and "Traceback" not in s.message, s.message
-    assert "cannot bind dimension 2 (height); set it in the sidebar's Input dims box (height=N)" in s.message
+    assert "cannot bind dimensions 2 (height), 3 (width); set them in the sidebar's Input dims box (height=N " \
+           "width=N)" in s.message, s.message
     assert "--dim" not in s.message and "--inputs" not in s.message and f"Still showing {shown}" in s.message
+    assert "beside the model" not in s.message  # no inputs file beside it
     s.dims = "height=bad"
     assert s.message_kind == "danger" and "Input dims: 'height=bad' is not NAME=N" in s.message, s.message
     s.dims = "height=4 width=5"
@@ -136,3 +141,70 @@ def test_beit_optimum_loads_with_its_channels_named(tmp_path):
     r = subprocess.run([sys.executable, "-m", "rlxviz.cli", "explain", str(BEIT), "--dim", "num_channels=3", "--dim",
                         "height=32", "--dim", "width=32"], capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert r.returncode == 0 and "2/2 layer(s) fused as expected" in r.stdout, r.stdout + r.stderr
+
+
+DEIT = ROOT / "tests/fixtures/onnx/zoo/deit.optimum.onnx"
+QWEN_KV = ROOT / "tests/fixtures/onnx/zoo/qwen2.kv.onnx"
+
+
+def test_the_cli_names_every_unbound_dim_and_the_values_beside_it():
+    """Newcomer run: deit.optimum was refused for num_channels, then height, then width; qwen2.kv's `past + 1` gave an
+    empty `(Python: dims=)`. One line names them all, with the values the npz beside the model gives."""
+    r = explain(DEIT)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert ("input 'pixel_values': cannot bind dimensions 1 (num_channels), 2 (height), 3 (width); pass --dim "
+            "num_channels=N --dim height=N --dim width=N (Python: dims={'num_channels': N, 'height': N, 'width': N}) "
+            "or the input's array with --inputs") in r.stderr, r.stderr
+    assert "the dims its shapes give: --dim num_channels=3 --dim height=32 --dim width=32" in r.stderr, r.stderr
+    r = explain(QWEN_KV)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert ("input 'attention_mask': dimension 1 (past + 1) needs 'past'; pass --dim past=N (Python: dims={'past': "
+            "N}) or the inputs with --inputs; qwen2.kv.npz beside the file holds 'attention_mask'") in r.stderr
+    assert r.stderr.rstrip().endswith("or the dims its shapes give: --dim past=7"), r.stderr  # past_key_values' axis 2
+    r = subprocess.run([sys.executable, "-m", "rlxviz.cli", "explain", str(QWEN_KV), "--dim", "past=7"],
+                       capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert r.returncode == 0, r.stderr  # the values proposed bind it
+
+
+def test_the_app_names_every_unbound_dim_and_the_shapes_beside_the_model(monkeypatch):
+    """The app asked for num_channels, then height, then width (one reload each), and never said the npz beside
+    the model holds the shapes: now one message names all three for the Input dims box and gives the npz's values,
+    which load the model."""
+    monkeypatch.setenv(ALLOWED_DIRS_ENV, str(DEIT.parent))
+    s = AppState(runner=Runner(background=False), preset="bert-tiny", seq=8)
+    s.param.update(checkpoint_dir=str(DEIT), source="checkpoint")
+    assert s.message_kind == "danger" and s.model.name == "bert-tiny", s.message
+    assert ("cannot bind dimensions 1 (num_channels), 2 (height), 3 (width); set them in the sidebar's Input dims box "
+            "(num_channels=N height=N width=N); deit.optimum.npz beside the model holds the inputs' shapes: "
+            "num_channels=3 height=32 width=32") in s.message, s.message
+    assert "--dim" not in s.message and "--inputs" not in s.message and "Still showing bert-tiny" in s.message
+    s.dims = "num_channels=3 height=32 width=32"
+    assert s.model.name == "deit.optimum" and s.message_kind != "danger", s.message
+    assert [n.shape for n in s.model.graph.inputs][0][1:] == (3, 32, 32)
+
+
+def test_the_app_says_which_array_beside_the_model_when_its_shapes_give_no_value(tmp_path, monkeypatch):
+    """An npz beside the model that holds the input, but no array with the name as a dim of its own (only in an
+    expression), gives no value: the message names the array instead; one dim is `it`."""
+    from rlxviz.session import UnboundDimsError
+
+    folder = tmp_path / "models"
+    folder.mkdir()
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "past + 1"])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "past + 1"])
+    onnx.save(helper.make_model(helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "m", [x], [y]),
+                                opset_imports=[helper.make_opsetid("", 17)]), folder / "m.onnx")
+    np.savez(folder / "m_io.npz", x=np.ones((1, 5), np.float32))
+    monkeypatch.setenv(ALLOWED_DIRS_ENV, str(folder))
+    s = AppState(runner=Runner(background=False), preset="bert-tiny", seq=8)
+    s.param.update(checkpoint_dir=str(folder / "m.onnx"), source="checkpoint")
+    assert ("input 'x': dimension 1 (past + 1) needs 'past'; set it in the sidebar's Input dims box (past=N); "
+            "m_io.npz beside the model holds the array of 'x'") in s.message, s.message
+    from rlxviz.session import load
+
+    with pytest.raises(UnboundDimsError) as e:  # the session's error, as the CLI prints it
+        load(str(folder / "m.onnx"))
+    assert e.value.names == ("past",) and e.value.beside == "m_io.npz" and e.value.proposed == {}
+    back = pickle.loads(pickle.dumps(e.value))  # as `session.isolated` sends it from its child
+    assert type(back) is UnboundDimsError and back.__dict__ == e.value.__dict__ and str(back) == str(e.value)
+    assert str(e.value).endswith(f"m_io.npz beside the file holds 'x': --inputs {folder / 'm_io.npz'}"), str(e.value)

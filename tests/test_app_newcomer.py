@@ -213,6 +213,29 @@ def test_a_long_sequence_on_a_512_position_model_and_with_a_variant():
     assert mc.seq.value == 512 and s.seq == 512
 
 
+def test_the_shape_boxes_say_the_most_they_take_by_the_box(tmp_path, monkeypatch):
+    """Newcomer run: 100000000 in Sequence length showed 512, and the load's error spoke of seq 512 with no word of
+    the bound by the box. The app's bound stays (graphs are built, drawn and timed on a shared server), and each box's
+    label says the most it takes for the model shown: the position table of a model with one, else the app's."""
+    import shutil
+
+    from rlxviz.app.sources import ALLOWED_DIRS_ENV
+
+    s = tiny()
+    mc = ModelControls(state=s)
+    assert mc.seq.text.label == "Sequence length (≤ 128)" and mc.batch.text.label == "Batch (≤ 64)"  # bert-tiny: 128
+    shutil.copy(Path(__file__).parent / "fixtures/onnx/gpt2.onnx", tmp_path / "gpt2.onnx")  # 64 positions, no config
+    monkeypatch.setenv(ALLOWED_DIRS_ENV, str(tmp_path))
+    s.param.update(checkpoint_dir=str(tmp_path / "gpt2.onnx"), source="checkpoint")
+    assert s.model.name == "gpt2" and mc.seq.text.label == "Sequence length (≤ 512)", s.message
+    mc.seq.text.value = "100000000"
+    assert mc.seq.value == 512 and mc.seq.text.label == "Sequence length (≤ 512)"
+    assert "Sequence length 100000000 is out of range 2..512" in s.message, s.message
+    assert "seq 512 is over the 64 positions" in s.stale, s.stale  # the export's own limit, with the box's 512 said
+    s.preset = "minilm-shaped"
+    assert mc.seq.text.label == "Sequence length (≤ 512)"
+
+
 def test_number_boxes_leave_the_range_to_the_server_which_says_it():
     """A browser number box with a start or end puts a value past it back itself, and the server never hears of it
     (typed 0 or 600 came back as 16 with no word): the boxes whose range the server clamps and says have neither."""

@@ -88,7 +88,8 @@ def test_a_dim_no_default_binds_is_named_with_the_flag_that_binds_it(tmp_path, c
     extra = {"render": ["-o", tmp_path / "o.dot"], "export": [tmp_path / "o.json"]}.get(command, [])
     code, _, err = run(capsys, command, tmp_path / "v.onnx", *extra)
     assert code == 2
-    one_line_error(err, command, "cannot bind dimension 2 (height); pass --dim height=N")
+    one_line_error(err, command, "cannot bind dimensions 2 (height), 3 (width); pass --dim height=N --dim width=N "
+                                 "(Python: dims={'height': N, 'width': N})")
     code, out, err = run(capsys, command, tmp_path / "v.onnx", "--dim", "height=6", "--dim", "width=10", *extra)
     assert code in (0, 1), err
     if command == "ir":
@@ -110,7 +111,8 @@ def _vi(name: str, dims: list) -> onnx.ValueInfoProto:
 def test_expressions_follow_their_names_and_given_arrays_bind_names():
     ins = [_vi("ids", ["batch_size", "sequence_length"]), _vi("mask", ["batch_size", "past + sequence_length"]),
            _vi("past_k", ["batch_size", 2, "past", 4])]
-    with pytest.raises(DimError, match=r"'mask': dimension 1 \(past \+ sequence_length\) needs 'past': pass --dim"):
+    with pytest.raises(DimError, match=r"'mask': dimension 1 \(past \+ sequence_length\) needs 'past'; pass --dim "
+                                       r"past=N \(Python: dims=\{'past': N\}\)"):
         bind_input_shapes(ins, 2, 8)
     assert bind_input_shapes(ins, 2, 8, {"past": 3})["mask"] == (2, 11)
     got = bind_input_shapes(ins, 1, 8, None, {"past_k": (2, 2, 5, 4)})
@@ -119,6 +121,48 @@ def test_expressions_follow_their_names_and_given_arrays_bind_names():
         bind_input_shapes(ins, 1, 8, None, {"past_k": (2, 2, 5, 4), "ids": (3, 8)})
     with pytest.raises(DimError, match="cannot bind dimension 1"):
         bind_input_shapes([_vi("x", ["n", "a * (b"])], 1, 8, {"n": 1})
+
+
+@pytest.mark.parametrize("dims, said, names", [
+    # newcomer run: `(Python: dims=)` was empty for an expression; each form names its dims in both remedies
+    (["batch", "past + 1"], "dimension 1 (past + 1) needs 'past'", ["past"]),
+    (["batch", "2*n"], "dimension 1 (2*n) needs 'n'", ["n"]),
+    (["batch", "past+kv"], "dimension 1 (past+kv) needs 'past' and 'kv'", ["past", "kv"]),
+    (["batch", "(past +\n kv) // 2"], "dimension 1 ((past + kv) // 2) needs 'past' and 'kv'", ["past", "kv"]),
+])
+def test_an_expressions_unbound_names_are_all_in_the_python_hint(dims, said, names):
+    with pytest.raises(DimError) as e:
+        bind_input_shapes([_vi("mask", dims)], 1, 8)
+    msg = str(e.value)
+    flags = " ".join(f"--dim {n}=N" for n in names)
+    python = ", ".join(f"{n!r}: N" for n in names)
+    assert msg == f"input 'mask': {said}; pass {flags} (Python: dims={{{python}}}) or the inputs with --inputs", msg
+    assert e.value.names == tuple(names) and e.value.input == "mask" and e.value.where == {}
+    values = dict.fromkeys(names, 4)
+    assert bind_input_shapes([_vi("mask", dims)], 1, 8, values)["mask"][1] > 0  # the hint's names do bind it
+
+
+def test_every_unbound_dim_is_named_at_once_across_inputs():
+    """The newcomer set num_channels, then was told of height, then of width: one message now names them all, each
+    name once (at the first input that meets it), and where each is an input's own dim."""
+    ins = [_vi("pixel_values", ["batch", "num_channels", "height", "width"]),
+           _vi("mask", ["batch", "height * width + extra"]), _vi("extra_k", ["batch", 2, "extra", 4])]
+    with pytest.raises(DimError) as e:
+        bind_input_shapes(ins, 1, 8)
+    assert str(e.value) == (
+        "input 'pixel_values': cannot bind dimensions 1 (num_channels), 2 (height), 3 (width); input 'mask': "
+        "dimension 1 (height * width + extra) needs 'extra'; pass --dim num_channels=N --dim height=N --dim width=N "
+        "--dim extra=N (Python: dims={'num_channels': N, 'height': N, 'width': N, 'extra': N}) or the inputs with "
+        "--inputs")
+    assert e.value.names == ("num_channels", "height", "width", "extra") and e.value.input == "pixel_values"
+    assert e.value.where == {"num_channels": ("pixel_values", 1), "height": ("pixel_values", 2),
+                             "width": ("pixel_values", 3), "extra": ("extra_k", 2)}
+    assert e.value.what == str(e.value).split("; pass ")[0]
+    got = bind_input_shapes(ins, 1, 8, {"num_channels": 3, "height": 4, "width": 5, "extra": 2})
+    assert got == {"pixel_values": (1, 3, 4, 5), "mask": (1, 22), "extra_k": (1, 2, 2, 4)}
+    with pytest.raises(DimError, match=r"^input 'pixel_values': cannot bind dimension 2 \(height\); pass --dim "
+                                       r"height=N \(Python: dims=\{'height': N\}\) or the input's array with"):
+        bind_input_shapes(ins[:1], 1, 8, {"num_channels": 3, "width": 5})
 
 
 @pytest.mark.parametrize("text", ["height", "height=", "height=-3", "=4", "h=2.5"])

@@ -25,6 +25,13 @@ from .text import md_escape
 from .wording import DIMS_BOX, LAYER_OFF, gate_box
 
 SHAPE_LABELS = {"batch": "Batch", "seq": "Sequence length"}
+
+
+def range_label(name: str, most: int) -> str:
+    """The Batch or Sequence length box's label with the most it takes (`Sequence length (≤ 512)`): a value past it
+    becomes `most` (`ModelControls._shape_typed`), and a newcomer who typed 100000000 saw 512 and an error about seq
+    512 with no word of the bound by the box."""
+    return f"{SHAPE_LABELS[name]} (≤ {most})"
 SOURCE_LABELS = {"preset": "Built-in", "checkpoint": "Folder", "upload": "Upload", "ir": "IR text"}
 
 
@@ -116,10 +123,12 @@ class ModelControls(Viewer):
         # message says the range and why (`_shape_typed`)
         # text boxes read on the server (`NumberBox`): a value that is no whole number is said too
         self.notes = BoxNotes(s)
-        self.batch = NumberBox("Batch", s.batch, lambda t: self._shape_unreadable("batch", t), width=90,
+        self.batch = NumberBox("Batch", s.batch, lambda t: self._shape_unreadable("batch", t), width=100,
                                css_classes=["rv-batch"])
-        self.seq = NumberBox("Sequence length", s.seq, lambda t: self._shape_unreadable("seq", t), width=120,
+        self.seq = NumberBox("Sequence length", s.seq, lambda t: self._shape_unreadable("seq", t), width=165,
                              css_classes=["rv-seq"])
+        self._follow_range()
+        s.param.watch(self._follow_range, "model")  # the most a sequence takes is the shown model's position table
         for name in ("batch", "seq"):
             getattr(self, name).param.watch(lambda e, n=name: self._shape_typed(n, e.new), "value")
             # the state's value now, not the event's: an event delivered after a later change (a refused upload
@@ -160,6 +169,11 @@ class ModelControls(Viewer):
             return
         widget.value = near
         self.notes.say(name, text)  # no variant notice follows the reload (or nothing reloads): said now
+
+    def _follow_range(self, *_: object) -> None:
+        """Each shape box's label says the most it takes now (`AppState.shape_range`, `range_label`)."""
+        for name in ("batch", "seq"):
+            getattr(self, name).text.label = range_label(name, self.state.shape_range(name)[1])
 
     def _shape_unreadable(self, name: str, typed: str) -> None:
         """A batch or sequence length that is no whole number (`abc`, `2.5`, `1e3`): the box shows the state's value

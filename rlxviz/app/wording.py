@@ -11,7 +11,7 @@ from pathlib import PureWindowsPath
 from .. import session
 from ..ir import GraphError, IRSyntaxError, quote_place, syntax_error_line
 from ..models import VARIANTS
-from ..session import OVER_THRESHOLD, GraphTextError, SessionError
+from ..session import OVER_THRESHOLD, GraphTextError, SessionError, UnboundDimsError
 from .sources import ONNX_UPLOAD_NAME, UPLOAD_PREFIX, SourceError
 from .text import md_escape
 
@@ -120,16 +120,24 @@ IR_SYNTAX_HELP = "the IR tab of any preset shows the syntax"
 """The last line's pointer to the syntax, after an IR text's error."""
 
 
-_CLI_DIM_REMEDY = re.compile(r"(?:; |: )pass --dim ([A-Za-z_][\w.]*)=N \(Python: [^)]*\) or the "
-                             r"(?:input's array|inputs) with --inputs.*$")
 DIMS_BOX = "Input dims"
 """The sidebar box that binds an `.onnx` export's other symbolic dims (`AppState.dims`), as the CLI's `--dim`."""
 
 
-def app_remedy(message: str) -> str:
-    """`message` with the CLI's remedy for an unbound dim (`--dim NAME=N`, `--inputs`, a file beside the model)
-    said as the app's: the sidebar's Input dims box."""
-    return _CLI_DIM_REMEDY.sub(lambda m: f"; set it in the sidebar's {DIMS_BOX} box ({m.group(1)}=N)", message)
+def app_remedy(e: UnboundDimsError) -> str:
+    """The session's message for an `.onnx` file's unbound dims with the app's remedy instead of the CLI's (`--dim`,
+    `--inputs`): every name for the sidebar's Input dims box at once, then the inputs file beside the model and the
+    values its array shapes give (`deit.optimum.npz beside the model holds the inputs' shapes: num_channels=3
+    height=32 width=32`), or that it holds the first unbound input's array."""
+    them = "it" if len(e.names) == 1 else "them"
+    text = (f"{e.model}: {e.what}; set {them} in the sidebar's {DIMS_BOX} box "
+            f"({' '.join(f'{n}=N' for n in e.names)})")
+    if e.beside and e.proposed:
+        text += (f"; {e.beside} beside the model holds the inputs' shapes: "
+                 f"{' '.join(f'{k}={v}' for k, v in e.proposed.items())}")
+    elif e.beside:
+        text += f"; {e.beside} beside the model holds the array of {e.input!r}"
+    return text
 
 
 def explain_error(e: Exception, source: str, preset: str, onnx: bool = False, text: str | None = None) -> str:
@@ -147,9 +155,11 @@ def explain_error(e: Exception, source: str, preset: str, onnx: bool = False, te
     if isinstance(e, GraphTextError) and e.line and text is not None and e.line <= len(lines := text.splitlines()):
         return (f"{INTERNAL_NAME.sub('', str(e))}\n{quote_place(lines[e.line - 1], e.col or 1)}\nThe IR text parses "
                 f"but is not a valid graph: fix line {e.line} at the caret ({IR_SYNTAX_HELP}).")
+    if isinstance(e, UnboundDimsError):  # the CLI's --dim and --inputs said as the app's Input dims box
+        return app_remedy(e)
     if isinstance(e, SourceError | SessionError):
-        # `bert-tiny: variant layer 5 ...`, not `[build_bert] variant ...`; an unbound dim's remedy is the app's box
-        return app_remedy(INTERNAL_NAME.sub("", str(e)))
+        # `bert-tiny: variant layer 5 ...`, not `[build_bert] variant ...`
+        return INTERNAL_NAME.sub("", str(e))
     if isinstance(e, IRSyntaxError):
         return (f"{syntax_error_line('IR text', e.line, e.col, e.reason)}\n{e.quoted}\nThe IR text does not parse: "
                 f"fix line {e.line} at the caret ({IR_SYNTAX_HELP}).")

@@ -35,7 +35,15 @@ from ..models.onnx.notes import imported_forms
 from ..passes.architecture import LayerArchitecture as Architecture
 from ..passes.architecture import classify_layer as classify
 from .defaults import DEFAULT_BATCH, DEFAULT_REPEAT, DEFAULT_SEQ, DEFAULT_WARMUP, MAX_REPEAT, MAX_WARMUP, check_rounds
-from .errors import GraphTextError, LimitError, PipelineError, SessionError, StoppedError, VariantLayerError
+from .errors import (
+    GraphTextError,
+    LimitError,
+    PipelineError,
+    SessionError,
+    StoppedError,
+    UnboundDimsError,
+    VariantLayerError,
+)
 from .inputs import check_inputs, feeds, index_bounds, load_inputs, npz_headers
 from .isolated import load_isolated, run_isolated
 from .limits import DEFAULT_MAX_MEMORY_MB, DEPRECATED_MEMORY_ENV, MAX_MEMORY_ENV, Limits, human_bytes
@@ -120,7 +128,7 @@ __all__ = ["ModelText", "shown", "imported_forms", "describe_host", "host_words"
            "DEPRECATED_MEMORY_ENV", "MAX_MEMORY_ENV", "MAX_REPEAT", "MAX_WARMUP", "check_rounds",
            "MODEL_WIDE", "OVER_THRESHOLD", "RLX_THRESHOLD", "gate_note", "variant_note",
            "Architecture", "FusionCheck", "GraphTextError", "LayerStatus", "LimitError", "Limits", "PipelineError",
-           "SessionError", "StoppedError", "VariantLayerError", "load_isolated", "run_isolated",
+           "SessionError", "StoppedError", "UnboundDimsError", "VariantLayerError", "load_isolated", "run_isolated",
            "ExecutedTraffic", "Traffic", "VersionTiming", "compare_to_input",
            "executed_traffic_saved", "runs_as", "shared_input_saved", "View", "all_finite", "build_pipeline",
            "check_fusion",

@@ -35,6 +35,30 @@ class GraphTextError(SessionError):
         self.line, self.col, self.reason = line, col, reason or message
 
 
+class UnboundDimsError(SessionError):
+    """An `.onnx` file's symbolic dims that nothing binds (`models.onnx.dims.DimError`), every one of them, as the CLI
+    says it (`--dim NAME=N`, the inputs file beside the model), with the parts a front end with its own remedy needs.
+
+    Attributes:
+        model: the model as asked for (a path).
+        what: the message's places alone: `input 'pixel_values': cannot bind dimensions 1 (num_channels), 2 (height)`.
+        names: the dim names nothing binds, in order.
+        input: the first input with an unbound dim.
+        beside: the file name (no folder) of the `.npz` beside the model that holds `input`'s array, or ''.
+        proposed: name -> value, read from that file's array shapes (its headers), for each of `names` it gives
+            (empty without such a file).
+
+    Every argument but the message has a default: the error pickles (`session.isolated` sends it back from its
+    child) by its message, and its attributes follow.
+    """
+
+    def __init__(self, message: str, model: str = "", what: str = "", names: tuple[str, ...] = (), input: str = "",
+                 beside: str = "", proposed: dict[str, int] | None = None) -> None:
+        super().__init__(message)
+        self.model, self.what, self.names, self.input = model, what or message, tuple(names), input
+        self.beside, self.proposed = beside, dict(proposed or {})
+
+
 class StoppedError(SessionError):
     """A load stopped from outside: past its CPU-time limit (or its wall-clock backstop), out of memory under its
     address-space cap, or its process died (`session.isolated`)."""
@@ -63,4 +87,5 @@ class PipelineError(SessionError):
     """A pipeline that cannot be built: an unknown pass, an empty list, or a pass whose required pass is missing."""
 
 
-__all__ = ["GraphTextError", "LimitError", "PipelineError", "SessionError", "StoppedError", "VariantLayerError"]
+__all__ = ["GraphTextError", "LimitError", "PipelineError", "SessionError", "StoppedError", "UnboundDimsError",
+           "VariantLayerError"]

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from ..models import Model, tokenize
+from ..models.onnx.dims import DimError
 from ..runtime.battery import (
     EXPECTED_PREFIX,
     InputSet,
@@ -18,6 +19,7 @@ from ..runtime.battery import (
     load_inputs,
     npz_headers,
 )
+from .errors import SessionError, UnboundDimsError
 
 SHAPE_ARRAYS = (("input_ids", 2), ("hidden_states", 3))
 """The arrays whose shape gives a built graph's batch and sequence length (`shape_from_inputs`), with their rank:
@@ -67,6 +69,33 @@ def inputs_beside(model_file: Path, input_name: str) -> Path | None:
         except (OSError, ValueError):
             continue
     return None
+
+
+def unbound_dims(model: str, model_file: Path, e: DimError) -> SessionError:
+    """`e` as the session says it: the dims nothing binds and how to bind them, then the inputs file beside the model
+    that holds the first unbound input's array (`inputs_beside`) with the values its array shapes give each name
+    (read from the npz's headers: `... holds 'pixel_values': --inputs F.npz, or the dims its shapes give: --dim
+    num_channels=3 --dim height=32 --dim width=32`). An `UnboundDimsError` when `e` names dims (its parts for a
+    front end's own remedy: the app's Input dims box), else a plain SessionError. Raises nothing."""
+    beside = inputs_beside(model_file, e.input) if e.input else None
+    said = next(iter(str(e).splitlines()), "")
+    if not e.names:
+        hint = f"; {beside.name} beside the file holds {e.input!r}: --inputs {beside}" if beside else ""
+        return SessionError(f"{model}: {said}{hint}")
+    proposed: dict[str, int] = {}
+    if beside is not None:
+        shapes = {k: v[0] for k, v in npz_headers(beside).items()}
+        for name in e.names:
+            inp, axis = e.where.get(name, ("", -1))
+            if inp in shapes and 0 <= axis < len(shapes[inp]) and shapes[inp][axis] > 0:
+                proposed[name] = int(shapes[inp][axis])
+    hint = ""
+    if beside is not None:
+        hint = f"; {beside.name} beside the file holds {e.input!r}: --inputs {beside}"
+        if proposed:
+            hint += ", or the dims its shapes give: " + " ".join(f"--dim {k}={v}" for k, v in proposed.items())
+    return UnboundDimsError(f"{model}: {said}{hint}", model, e.what, e.names, e.input, beside.name if beside else "",
+                            proposed)
 
 
 def feeds_kind(model: Model, text: str = "") -> tuple[str, str]:

@@ -30,7 +30,7 @@ from ..passes.trace import layer_keys
 from .cache import LRUCache
 from .defaults import DEFAULT_BATCH, DEFAULT_SEQ
 from .errors import GraphTextError, LimitError, SessionError, VariantLayerError
-from .inputs import inputs_beside
+from .inputs import unbound_dims
 from .limits import Limits, human_bytes
 from .variants import effective_seq, graph_variant, preset_is_bert, variant_named, variant_unavailable
 
@@ -308,10 +308,8 @@ def load(model: str, batch: int = DEFAULT_BATCH, seq: int = DEFAULT_SEQ, style: 
         raise
     except _BuiltPastLayers as e:  # the builder's refusal, named after the model asked for
         raise VariantLayerError(model, e.layer, e.last) from None
-    except DimError as e:  # a dim batch and seq do not bind: the inputs file beside the model binds it, named
-        beside = inputs_beside(p, e.input) if e.input else None
-        hint = f"; {beside.name} beside the file holds {e.input!r}: --inputs {beside}" if beside else ""
-        raise SessionError(f"{model}: {first_line(e)}{hint}") from None
+    except DimError as e:  # dims batch and seq do not bind: all of them, and the inputs file beside the model
+        raise unbound_dims(model, p, e) from None
     except MemoryBudgetError as e:  # a checkpoint's config or graph over the limit, before it was built or read
         raise LimitError(f"{first_line(e)} (the limit from {limits.source})", limit=limits.max_bytes) from None
     except (ValueError, KeyError, OSError) as e:

@@ -40,13 +40,20 @@ class DimError(OnnxImportError):
     """A symbolic dim that cannot be bound, a bad `--dim`, or given arrays that disagree (one line).
 
     Attributes:
-        input: the graph input whose dim nothing binds ('' for the other kinds), for a front end's own remedy (a
-            file of that input's array beside the model: `session.loading`).
+        input: the first graph input with a dim nothing binds ('' for the other kinds), for a front end's own
+            remedy (a file of that input's array beside the model: `session.loading`).
+        names: every dim name nothing binds, in the order the inputs meet them (() for the other kinds): all of
+            them at once, so that one `--dim` per name binds the graph (`num_channels`, `height`, `width`).
+        where: name -> (input, axis) of the first input that declares the name as a dim of its own (not in an
+            expression): the axis of that input's array which holds the name's value (`session.inputs`).
+        what: the message without its remedy (`input 'x': cannot bind dimensions 2 (height), 3 (width)`), for a
+            front end that says its own.
     """
 
-    def __init__(self, message: str, input: str = "") -> None:
+    def __init__(self, message: str, input: str = "", names: Sequence[str] = (),
+                 where: Mapping[str, tuple[str, int]] | None = None, what: str = "") -> None:
         super().__init__(message)
-        self.input = input
+        self.input, self.names, self.where, self.what = input, tuple(names), dict(where or {}), what or message
 
 
 def parse_dim(text: str) -> tuple[str, int]:
@@ -117,6 +124,42 @@ def _eval(expr: str, value_of: Any) -> int | None:
     return ev(tree)
 
 
+def _names_in(expr: str) -> list[str]:
+    """The names of a dim expression (`past + sequence_length` -> `['past', 'sequence_length']`), each once, in
+    order; [] when it does not parse."""
+    try:
+        tree = ast.parse(expr, mode="eval")
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return []
+    return list(dict.fromkeys(n.id for n in ast.walk(tree) if isinstance(n, ast.Name)))
+
+
+def dims_remedy(names: Sequence[str], arrays: str = "the inputs") -> str:
+    """What binds the dim `names` on the command line and in Python, as the unbound-dim message says it:
+    `pass --dim past=N (Python: dims={'past': N}) or the inputs with --inputs`; `arrays` names the arrays that
+    would bind them instead."""
+    flags = " ".join(f"--dim {n}=N" for n in names)
+    python = ", ".join(f"{n!r}: N" for n in names)
+    return f"pass {flags} (Python: dims={{{python}}}) or {arrays} with --inputs"
+
+
+def _unbound_message(places: Sequence[tuple[str, int, str, list[str]]]) -> str:
+    """The unbound dims' places said per input, without the remedy: `input 'x': cannot bind dimensions 2 (height),
+    3 (width); input 'mask': dimension 1 (past + 1) needs 'past'`. `places`: (input, axis, the dim's text, the names
+    it needs; [] for a plain name)."""
+    by_input: dict[str, list[tuple[int, str, list[str]]]] = {}
+    for inp, axis, text, needs in places:  # an expression in parentheses may span lines: said on one
+        by_input.setdefault(inp, []).append((axis, " ".join(text.split()), needs))
+    parts = []
+    for inp, dims in by_input.items():
+        plain = [f"{axis} ({text})" for axis, text, needs in dims if not needs]
+        said = [f"cannot bind dimension{'s' if len(plain) > 1 else ''} {', '.join(plain)}"] if plain else []
+        said += [f"dimension {axis} ({text}) needs {' and '.join(repr(n) for n in needs)}"
+                 for axis, text, needs in dims if needs]
+        parts.append(f"input {inp!r}: {'; '.join(said)}")
+    return "; ".join(parts)
+
+
 def bind_input_shapes(inputs: Sequence[Any], batch: int, seq: int, dims: Mapping[str, int] | None = None,
                       given: Mapping[str, Sequence[int]] | None = None, initializers: set[str] | None = None,
                       ) -> dict[str, tuple[int, ...]]:
@@ -131,9 +174,9 @@ def bind_input_shapes(inputs: Sequence[Any], batch: int, seq: int, dims: Mapping
         initializers: names to skip (old exporters list initializers as inputs too).
 
     Raises:
-        DimError: a dim nothing binds (the message names the input, axis and dim, and says to pass `--dim` or the
-            input's array), two given arrays giving one name two values, or an expression that is not integer
-            arithmetic on names (`+ - * //`).
+        DimError: dims nothing binds, all of them in one message (it names each input, axis and dim, and says to
+            pass one `--dim` per name or the arrays; `DimError.names`, `.where`), two given arrays giving one name
+            two values, or an expression that is not integer arithmetic on names (`+ - * //`).
     """
     dims = dict(dims or {})
     given = {k: tuple(int(d) for d in v) for k, v in (given or {}).items()}
@@ -159,6 +202,9 @@ def bind_input_shapes(inputs: Sequence[Any], batch: int, seq: int, dims: Mapping
         return default_dim(name, axis, batch, seq, rank)
 
     out: dict[str, tuple[int, ...]] = {}
+    places: list[tuple[str, int, str, list[str]]] = []  # where the unbound names are met, each name said once
+    unbound: dict[str, None] = {}  # the names nothing binds, in order
+    where: dict[str, tuple[str, int]] = {}  # name -> the first (input, axis) that declares it plainly
     for vi in inputs:
         if vi.name in skip:
             continue
@@ -171,28 +217,43 @@ def bind_input_shapes(inputs: Sequence[Any], batch: int, seq: int, dims: Mapping
                 shape.append(int(d.dim_value))
                 continue
             name = d.dim_param or ""
-            how = (f"pass --dim {name}=N (Python: dims={{{name!r}: N}}) or the input's array with --inputs"
-                   if name and _NAME.match(name) else "pass the input's array with --inputs (Python: input_shapes=)")
             rank = len(vi.type.tensor_type.shape.dim)
+            needs: list[str] = []
+            v: int | None = None
             if name and _NAME.match(name):
                 v = value_of(name, i, rank)
+                if v is None:
+                    where.setdefault(name, (vi.name, i))
+                    needs = [name]
             elif name:
-                try:
-                    v = _eval(name, value_of)
-                except KeyError as e:
-                    raise DimError(f"input {vi.name!r}: dimension {i} ({name}) needs {e.args[0]!r}: pass --dim "
-                                   f"{e.args[0]}=N (Python: dims=) or the inputs with --inputs", vi.name) from None
-                except (TypeError, ZeroDivisionError, OverflowError, RecursionError):
-                    v = None
+                needs = [n for n in _names_in(name) if value_of(n) is None]
+                if not needs:
+                    try:
+                        v = _eval(name, value_of)
+                    except (KeyError, TypeError, ZeroDivisionError, OverflowError, RecursionError):
+                        v = None
             else:
                 v = default_dim("", i, batch, seq, rank)
+            if needs:  # said with every other unbound name once all inputs are read
+                if new := [n for n in needs if n not in unbound]:
+                    unbound.update(dict.fromkeys(new))
+                    places.append((vi.name, i, name, [] if new == [name] else new))
+                continue
             if v is None:
-                raise DimError(f"input {vi.name!r}: cannot bind dimension {i} ({name or '?'}); {how}", vi.name)
+                raise DimError(f"input {vi.name!r}: cannot bind dimension {i} ({name or '?'}); pass the input's "
+                               f"array with --inputs (Python: input_shapes=)", vi.name)
             if v <= 0:
                 raise DimError(f"input {vi.name!r}: dimension {i} ({name}) is {v}; a graph input's dimensions must be "
                                f"positive")
             shape.append(int(v))
         out[vi.name] = tuple(shape)
+    if places:
+        what = _unbound_message(places)
+        names = list(unbound)
+        one_array = len({p[0] for p in places}) == 1 and not any(p[3] for p in places)
+        arrays = "the input's array" if one_array else "the inputs"
+        raise DimError(f"{what}; {dims_remedy(names, arrays)}", places[0][0], names,
+                       {n: where[n] for n in names if n in where}, what)
     return out
 
 
@@ -233,5 +294,5 @@ def onnx_input_shapes(path: Any, batch: int, seq: int, dims: Mapping[str, int] |
     return proto_input_shapes(parse_onnx(path), batch, seq, dims, given)
 
 
-__all__ = ["DimError", "bind_input_shapes", "default_dim", "onnx_input_shapes", "parse_dim", "parse_onnx",
-           "proto_input_shapes"]
+__all__ = ["DimError", "bind_input_shapes", "default_dim", "dims_remedy", "onnx_input_shapes", "parse_dim",
+           "parse_onnx", "proto_input_shapes"]
