@@ -962,15 +962,19 @@ def _dependent_weight():
 NEAR_MISSES += [("fuse_shared_input_matmul.concat_weights", "operands_independent", _dependent_weight, "s", {})]
 
 
+F16_MIN, BF16_MIN = -65504.0, -(2 - 2.0**-7) * 2.0**127
+
+
 def _exported_scores(fill: float = float(np.finfo(np.float32).min), dtype: str = "f32", keep_shape=(2, 1, 1, 4),
-                     nan_fill: float | None = None):
-    """softmax(q k^T + where(keep, 0, fill)) guarded by where(isnan(p), 0, p): the sdpa form of an export."""
+                     nan_fill: float | None = None, mask_dtype: str = "f32"):
+    """softmax(q k^T + where(keep, 0, fill)) guarded by where(isnan(p), 0, p): the sdpa form of an export; the mask's
+    0 and fill are `mask_dtype` constants."""
     b = Builder("exported_scores")
     q, k = b.input("q", (2, 2, 4, 8), dtype), b.input("k", (2, 2, 4, 8), dtype)
     scores = b.matmul(q, b.transpose(k, (0, 1, 3, 2)))
     if nan_fill is not None:
         scores = b.add(scores, b.const(nan_fill, dtype))
-    bias = b.where(b.input("keep", keep_shape, "bool"), 0.0, fill)
+    bias = b.where(b.input("keep", keep_shape, "bool"), b.const(0.0, mask_dtype), b.const(fill, mask_dtype))
     s = b.add(scores, bias)
     p = b.softmax(s, -1)
     b.output(b.where(b.isnan(p), 0.0, p))
@@ -979,7 +983,10 @@ def _exported_scores(fill: float = float(np.finfo(np.float32).min), dtype: str =
 
 NEAR_MISSES += [
     ("canonicalize_exported.where_bias", "bias_fills", lambda: _exported_scores(fill=-1e9), "bias", {}),
-    ("canonicalize_exported.where_bias", "scores_f32", lambda: _exported_scores(dtype="f16", fill=-6e4), "s", {}),
+    ("canonicalize_exported.where_bias", "fill_absorbs",
+     lambda: _exported_scores(dtype="f16", fill=F16_MIN, mask_dtype="f16"), "bias", {}),
+    ("canonicalize_exported.where_bias", "scores_f32",
+     lambda: _exported_scores(dtype="bf16", fill=BF16_MIN, mask_dtype="bf16"), "s", {}),
     ("canonicalize_exported.where_bias", "bias_no_widen",
      lambda: _exported_scores(keep_shape=(3, 1, 1, 1, 4)), "bias", {}),
     ("canonicalize_exported.nan_guard", "scores_finite", lambda: _exported_scores(nan_fill=float("-inf")), "p", {}),
@@ -988,12 +995,12 @@ NEAR_MISSES += [
 
 
 
-def _bias_then_mask(fill: float = float(np.finfo(np.float32).min), dtype: str = "f32"):
-    """(q k^T + bias) + where(keep, 0, fill): T5's position bias, then the padding mask."""
+def _bias_then_mask(fill: float = float(np.finfo(np.float32).min), dtype: str = "f32", mask_dtype: str = "f32"):
+    """(q k^T + bias) + where(keep, 0, fill): T5's position bias, then the padding mask (in `mask_dtype`)."""
     b = Builder("bias_then_mask")
     q, k = b.input("q", (2, 2, 4, 8), dtype), b.input("k", (2, 2, 4, 8), dtype)
     s = b.matmul(q, b.transpose(k, (0, 1, 3, 2)))
-    mask = b.where(b.input("keep", (2, 1, 1, 4), "bool"), 0.0, fill)
+    mask = b.where(b.input("keep", (2, 1, 1, 4), "bool"), b.const(0.0, mask_dtype), b.const(fill, mask_dtype))
     mm = s
     s = b.add(mm, b.param("bias", (1, 2, 4, 4), dtype))
     b.output(b.softmax(b.add(s, mask), -1))
@@ -1002,6 +1009,8 @@ def _bias_then_mask(fill: float = float(np.finfo(np.float32).min), dtype: str = 
 
 NEAR_MISSES += [
     ("canonicalize_exported.bias_then_mask", "bias_fills", lambda: _bias_then_mask(fill=-1e9), "mask", {}),
+    ("canonicalize_exported.bias_then_mask", "fill_absorbs",
+     lambda: _bias_then_mask(dtype="f16", fill=F16_MIN, mask_dtype="f16"), "mask", {}),
     ("canonicalize_exported.bias_then_mask", "scores_f32", lambda: _bias_then_mask(dtype="f16"), "s", {}),
 ]
 

@@ -19,7 +19,12 @@ no match record, no near-miss, nothing to toggle) is a rule here, at the head of
   as torch.onnx exports it) -> `where(keep, scores, finfo(f32).min)`, the form `fuse_sdpa`'s where-mask rule
   matches. Exact where keep is true (`s + 0 == s`); where it is false, `s + min` rounds to `min` for every
   |s| < 2^103 (~1e31: min's ulp is 2^104), the value `where` puts there; guards: the fills are exactly 0 and
-  f32's min (`bias_fills`), scores f32 (`scores_f32`), the bias does not widen the scores (`bias_no_widen`).
+  the lowest value of the mask's own dtype (`bias_fills`: `finfo(dtype).min`, which transformers writes in the
+  scores' dtype: f32's, f16's -65504, bf16's), that fill absorbs every realistic score (`fill_absorbs`, the model's
+  own term: f16's -65504 has step 32, so `s + -65504` is the fill only for |s| < 16 and -inf for s <= -16; the sum
+  is no where there, a fully masked row differs, and the attention takes it as its additive operand as it is),
+  scores f32 (`scores_f32`: bf16's sum is a where for |s| < 2^119, but `fuse_sdpa` takes no bf16 where fill, a gap
+  in rlxviz's ops), the bias does not widen the scores (`bias_no_widen`).
 * `canonicalize_exported.nan_guard`: `where(isnan(p), 0, p)` with `p = softmax(s)` (torch's sdpa export guards
   fully masked rows so) -> `p`. Exact when no score is NaN or infinite: softmax subtracts the row max, so the
   denominator is >= 1 and no output is NaN. Inputs are finite (every front end checks them) and the exporters'
@@ -46,7 +51,8 @@ K's scale next to its head split, bit-exact, and `fuse_sdpa` folds both pre-scal
 * `canonicalize_exported.bias_then_mask`: `(s + bias) + where(keep, 0, finfo(f32).min)` with `s` a (scaled) score
   matmul (T5: a relative position bias, then the padding mask) -> `s + (bias + where(keep, 0, min))`, one additive
   score term the attention takes as its operand. Exact where kept (`+ 0`); where masked, both sides round to `min`
-  for |s|, |bias| < 2^103 (min's ulp is 2^104). Guards as `where_bias` (`bias_fills`, `scores_f32`); only a sum
+  for |s|, |bias| < 2^103 (min's ulp is 2^104). Guards as `where_bias` (`bias_fills`, `fill_absorbs`: here illegal,
+  f16's sums round otherwise when reassociated, `scores_f32`); only a sum
   with a score-matmul operand is this form (anything else: no record). `where_bias` leaves such a sum to it.
 * `canonicalize_exported.bias_then_table_mask`: `(s + a) + b` (either order at both adds) with `s` a (scaled) score
   matmul and one of the terms a mask table folded at import (a param or const whose values the graph carries, every
@@ -66,8 +72,8 @@ K's scale next to its head split, bit-exact, and `fuse_sdpa` folds both pre-scal
   identity (reference: `astype` to the same dtype; MLX: `astype` likewise).
 
 Validity (numbers equal for every input each rule accepts): every rule above states its own condition after
-"Exact"; the conditions a graph could break are guards (`bias_fills`, `scores_f32`, `bias_no_widen`,
-`scores_finite`), and any other shape of the form is no record at all.
+"Exact"; the conditions a graph could break are guards (`bias_fills`, `fill_absorbs`, `scores_f32`,
+`bias_no_widen`, `scores_finite`), and any other shape of the form is no record at all.
 
 Left in the importer (it needs constant values): `x + 0` with an all-zero constant. transformers' RoPE with
 constant tables is `fuse_sdpa.rope_heads` / `.rope_pairs`', which read the small param values the graph carries
@@ -82,10 +88,10 @@ from ...ir import DType, Graph, Node, Op, Rewriter
 from ...ir.infer import broadcast
 from ..activations import SQUARED_RELU, activation_form
 from ..engine import rule_pass
-from ..guard import ILLEGAL, NOT_RECOGNIZED, Ctx, guard
+from ..guard import ILLEGAL, MODEL_TERM, NOT_RECOGNIZED, NOTHING_TO_CHANGE, Ctx, guard
 from ..pattern import P, const_value, is_const
 from ..rule import QUIET, Fail, Rule, reports
-from .table_mask import BIAS_THEN_TABLE_MASK, F32_MIN, const_entries, is_score_matmul
+from .table_mask import BIAS_THEN_TABLE_MASK, LOWEST, const_entries, is_score_matmul
 
 
 def _const_is(v: float):  # noqa: ANN202 - a pattern predicate
@@ -138,8 +144,24 @@ def _zero_fill(node: Node) -> bool:
 _zero_fill.__doc__ = "the constant 0"
 
 
-def _fills_ok(c: Ctx) -> bool:
-    return const_value(c["zero"]) == 0.0 and const_value(c["fill"]) == F32_MIN
+def _lowest(c: Ctx, mask: str) -> tuple[float, float] | None:
+    """`(finfo(dtype).min, half its step)` of the mask role `mask`'s float dtype (`LOWEST`); None for another dtype."""
+    return LOWEST.get(c[mask].dtype)
+
+
+def _fills_ok(c: Ctx, mask: str) -> bool:
+    low = _lowest(c, mask)
+    return const_value(c["zero"]) == 0.0 and low is not None and const_value(c["fill"]) == low[0]
+
+
+def _absorbs(c: Ctx, mask: str) -> bool:
+    """The fill absorbs every realistic score: half its step is at least `_WIDE` (f32, bf16, f64; not f16)."""
+    low = _lowest(c, mask)
+    return low is None or low[1] >= _WIDE
+
+
+_WIDE = 2.0 ** 60
+"""Half a step of the fill at or above which `s + fill == fill` for every realistic score (f32: 2^103; f16: 16)."""
 
 
 def _padding_mask(name: str) -> P:
@@ -149,11 +171,26 @@ def _padding_mask(name: str) -> P:
 
 
 def _fills_guard(mask: str, fix: str):  # noqa: ANN202 - a Guard
-    """`bias_fills`: the mask role `mask` fills exactly 0 where kept and f32's min where masked."""
-    return guard("bias_fills", _fills_ok,
+    """`bias_fills`: the mask role `mask` fills exactly 0 where kept and its own dtype's lowest value where masked
+    (`finfo(dtype).min`: f32's, f16's -65504, bf16's; transformers writes the fill in the scores' dtype)."""
+    return guard("bias_fills", lambda c: _fills_ok(c, mask),
                  lambda c: f"{c.d(mask)} fills {const_value(c['zero']):.9g} where kept and "
-                           f"{const_value(c['fill']):.9g} where masked; needs 0 and finfo(f32).min ({F32_MIN:.9g})",
+                           f"{const_value(c['fill']):.9g} where masked; needs 0 and " + (
+                               f"finfo({c[mask].dtype}).min ({_lowest(c, mask)[0]:.9g}), the lowest value of its "
+                               f"dtype" if _lowest(c, mask) else f"a float dtype's lowest value ({c[mask].dtype})"),
                  requires=(mask, "zero", "fill"), kind=NOT_RECOGNIZED, fix=fix)
+
+
+def _absorbs_guard(mask: str, tail: str, kind: str, fix: str = ""):  # noqa: ANN202 - a Guard
+    """`fill_absorbs`: the fill of `mask` absorbs every realistic score (f16's does not); `tail` says what the sum is
+    then, `kind` and `fix` as the rule's form makes them."""
+    return guard("fill_absorbs", lambda c: _absorbs(c, mask),
+                 lambda c: f"{c.d(mask)} is {c[mask].dtype}: s + finfo({c[mask].dtype}).min "
+                           f"({_lowest(c, mask)[0]:.9g}) rounds to that fill only for |s| < {_lowest(c, mask)[1]:g} "
+                           f"(half its step) and to -inf for s <= -{_lowest(c, mask)[1]:g}, so in {c[mask].dtype} "
+                           f"{tail}",
+                 NOTHING_TO_CHANGE + ": the sum is exact in its dtype, the rewrite would not be",
+                 requires=(mask, "s"), kind=kind, fix=fix)
 
 
 @reports(reads=("s",))
@@ -162,8 +199,29 @@ def _not_biased_scores(c: Ctx) -> Fail | None:
     return QUIET if _biased_scores(c.graph, c["s"]) else None
 
 
-SCORES_DTYPE_FIX = "a fill test for the scores' own dtype (its lowest value as the fill)"
-"""The compiler fix of `scores_f32`: the padding fill is recognized as f32's min only."""
+SCORES_DTYPE_FIX = ("a where mask in the mask's own dtype: for bf16 scores, fuse_sdpa's with a bf16 fill (bf16's min "
+                    "absorbs every |s| < 2^119, in the reference's f32 every |s| < 2^103); for scores narrower than "
+                    "the mask, the where on the scores cast to it")
+"""The compiler fix of `scores_f32`: the fill is recognized in the mask's own dtype (`bias_fills`), f16's stays the
+model's own term (`fill_absorbs`), bf16's where is one `fuse_sdpa`'s `where_mask_fill` refuses."""
+
+
+def _scores_ok(c: Ctx, *terms: str) -> bool:
+    """The scores (and `terms`, the mask last) are f32, or all in the mask's f16, which `fill_absorbs` refuses."""
+    dts = {c[t].dtype for t in ("s", *terms)}
+    return dts == {DType.f32} or (not _absorbs(c, terms[-1]) and dts == {c[terms[-1]].dtype})
+
+
+def _scores_why(c: Ctx, *terms: str) -> str:
+    got = " and ".join(f"{c.d(t)} {c[t].dtype}" for t in ("s", *terms))
+    if len({c[t].dtype for t in ("s", *terms)}) > 1:
+        return f"{got}: the sum is in another dtype than the scores; needs f32 scores and mask"
+    return f"{got}; needs f32: the rewrite is made for f32 scores (fuse_sdpa's where mask takes no bf16 fill)"
+
+
+def _no_cast(c: Ctx) -> str:
+    return "the scores' dtype is the model's: casting them to f32 changes its numbers"
+
 
 WHERE_BIAS = Rule(
     "canonicalize_exported.where_bias",
@@ -171,9 +229,10 @@ WHERE_BIAS = Rule(
     steps=(
         _not_biased_scores,
         _fills_guard("bias", "none: another fill is a different mask (the sum is not a where)"),
-        guard("scores_f32", lambda c: c["s"].dtype == DType.f32,
-              lambda c: f"{c.d('s')} is {c['s'].dtype}; needs f32 (the fill is f32's min)", requires=("s",),
-              kind=NOT_RECOGNIZED, fix=SCORES_DTYPE_FIX),
+        _absorbs_guard("bias", "the sum is no where (a fully masked row differs): it stays the model's own additive "
+                       "score term, which a fused attention takes as its operand as it is (exact)", MODEL_TERM),
+        guard("scores_f32", lambda c: _scores_ok(c, "bias"), lambda c: _scores_why(c, "bias"),
+              requires=("s", "bias"), kind=NOT_RECOGNIZED, fix=SCORES_DTYPE_FIX, no_model_fix=_no_cast),
         guard("bias_no_widen", lambda c: broadcast(c["s"].shape, c["bias"].shape) == c["s"].shape,
               lambda c: f"{c.d('bias')} {list(c['bias'].shape)} widens {c.d('s')} {list(c['s'].shape)}",
               requires=("bias", "s"), kind=ILLEGAL),
@@ -349,9 +408,10 @@ BIAS_THEN_MASK = Rule(
     steps=(
         _sum_of_scores,
         _fills_guard("mask", "none: another fill is a different mask"),
-        guard("scores_f32", lambda c: c["s"].dtype == c["bias"].dtype == DType.f32,
-              lambda c: f"{c.d('s')} is {c['s'].dtype} and {c.d('bias')} {c['bias'].dtype}; needs f32 (the fill is "
-                        "f32's min)", requires=("s", "bias"), kind=NOT_RECOGNIZED, fix=SCORES_DTYPE_FIX),
+        _absorbs_guard("mask", "(s + bias) + mask is not s + (bias + mask) (a fully masked row differs)", ILLEGAL,
+                       "an attention op that adds the two score terms in the model's order"),
+        guard("scores_f32", lambda c: _scores_ok(c, "bias", "mask"), lambda c: _scores_why(c, "bias", "mask"),
+              requires=("s", "bias", "mask"), kind=NOT_RECOGNIZED, fix=SCORES_DTYPE_FIX, no_model_fix=_no_cast),
     ),
     result="add", absorb=("sum", "add"),
     rewrite=lambda c, rw: _bias_plus_mask(c, rw),

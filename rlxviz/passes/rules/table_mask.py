@@ -16,6 +16,13 @@ from ..rule import QUIET, Fail, Rule, reports
 
 F32_MIN = float(np.finfo(np.float32).min)
 
+LOWEST = {DType.f16: (-65504.0, 16.0), DType.bf16: (-(2 - 2.0**-7) * 2.0**127, 2.0**119),
+          DType.f32: (F32_MIN, 2.0**103), DType.f64: (float(np.finfo(np.float64).min), 2.0**970)}
+"""Each float dtype's lowest finite value (`finfo(dtype).min`, the padding fill transformers writes in the scores'
+dtype) and half its last step: `s + lowest` rounds to `lowest` exactly for |s| below it (round to nearest, ties to
+even: the lowest value has an odd mantissa, so |s| at the half step rounds away from it; f16's -65504, step 32: the
+sum is the fill only for |s| < 16 and overflows to -inf for s <= -16)."""
+
 
 def const_entries(node: Node) -> tuple[float, ...] | None:
     """Every entry of a const node (a scalar, or the tuple a small constant holds, e.g. `[0.0]`), else None."""
@@ -130,4 +137,4 @@ def _terms_summed(c: Ctx, rw: Rewriter) -> int:
     return out
 
 
-__all__ = ["BIAS_THEN_TABLE_MASK", "F32_MIN", "const_entries", "is_score_matmul"]
+__all__ = ["BIAS_THEN_TABLE_MASK", "F32_MIN", "LOWEST", "const_entries", "is_score_matmul"]

@@ -87,8 +87,8 @@ chips mark its place `✗`), as the layer's first rejection does."""
 ALSO_REJECTED_NOT_COUNTED = ("a near-miss (the app's chips mark it ✗), not counted against the layer: none of "
                              "the layer's fused ops waits on it")
 """The standing an `also rejected` line of a fused layer ends with: a refusal of a near-miss kind whose rule makes
-no product the layer misses (float16's where-mask that `canonicalize_exported.where_bias` refuses: the attention
-still fuses, keeping the mask as the model's own term), so the layer is fused all the same."""
+no product the layer misses (a rewrite of the attention's mask that `canonicalize_exported` refuses while the
+attention still fuses, keeping the mask as an operand), so the layer is fused all the same."""
 
 TAKEN_LATER_STANDING = "not a near-miss, nor a gap in rlxviz's ops: not counted against the layer"
 """The standing a layer's `taken later` line ends with (`LayerVerdict.taken`): a place refused, whose candidate a
