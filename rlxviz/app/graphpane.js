@@ -44,6 +44,7 @@ export function render({ model, el }) {
   // A path load after ② centred the new model's picture on the old highlight's ids (-1790 px, above the pane), and
   // that centring counted as the user's: every later picture of the model kept the empty view
   let staleMarks = false;
+  let aimed = null;  // the key of the search hit the view is centred on (`inView`)
   // the linked panes share one frame: this pane's transform minus `off` (graph units) times the scale. A search or
   // reveal that centres a node sends its id: the partner centres its own node of that id, where it has one, and
   // keeps the difference as its `off`, so later pans and zooms move both without losing the node
@@ -114,7 +115,10 @@ export function render({ model, el }) {
   const miniGone = () => { if (miniTimer) clearTimeout(miniTimer); window.removeEventListener(MINI_BUS, onMiniBus);
     const g = covers[miniGroup()]; if (g) { delete g[me];
       window.dispatchEvent(new CustomEvent(MINI_BUS, { detail: { group: miniGroup() } })); } };
-  const apply = (share, node) => { inner.style.transform = `translate(${tx}px, ${ty}px) scale(${s})`; miniSync();
+  // the wrap's size (px) the view (tx, ty) was set for: a pane that changes size keeps its view's centre (`kept`)
+  let setW = 0, setH = 0;
+  const apply = (share, node) => { setW = wrap.clientWidth; setH = wrap.clientHeight;
+    inner.style.transform = `translate(${tx}px, ${ty}px) scale(${s})`; miniSync();
     if (share && model.sync) window.dispatchEvent(new CustomEvent(BUS, { detail: { group: model.sync, src: me, s,
       tx: tx - offX * s, ty: ty - offY * s, node: node || null } })); };
   // The drawn element that stands for node `id` of the partner's picture: the node, else the fused node that
@@ -138,11 +142,19 @@ export function render({ model, el }) {
     const g = at ? at.g : (d.node && hits.length && hits[hit] ? hits[hit].g : null);
     if (g) { const ir = inner.getBoundingClientRect(), gr = g.getBoundingClientRect();
       const px = (gr.left + gr.width / 2 - ir.left) / s, py = (gr.top + gr.height / 2 - ir.top) / s;
-      s = d.s; tx = wrap.clientWidth / 2 - px * s; ty = wrap.clientHeight / 2 - py * s;
+      s = d.s; tx = seenW() / 2 - px * s; ty = wrap.clientHeight / 2 - py * s;
       offX = (tx - d.tx) / s; offY = (ty - d.ty) / s; }
     else { s = d.s; tx = d.tx + offX * s; ty = d.ty + offY * s; }
-    touched = true; apply(false); };
+    touched = true; aimed = at ? at.key : null; apply(false); };
   window.addEventListener(BUS, onBus);
+  // The pane changed size (the row took the before pane beside it, the search's note took a line): a view the user or
+  // a search set keeps its centre, a fitted one is fitted again. It kept its top left corner: a hit centred in the
+  // pane at full width lay left of it once the pane was half as wide, and one centred under the bar lay above it
+  const kept = () => { const W = wrap.clientWidth, H = wrap.clientHeight;
+    if (!W || !H || !setW || !setH || (W === setW && H === setH) || !inner.querySelector('svg')) return;
+    if (!touched) { fit(); return; }
+    tx += (W - setW) / 2; ty += (H - setH) / 2; apply(false); };
+  const resized = new ResizeObserver(kept); resized.observe(wrap);
   const size = () => { const svg = inner.querySelector('svg'); if (!svg) return null;
     const vb = svg.viewBox && svg.viewBox.baseVal; const w = (vb && vb.width) || svg.clientWidth || 1;
     const h = (vb && vb.height) || svg.clientHeight || 1; return [w, h]; };
@@ -159,8 +171,8 @@ export function render({ model, el }) {
     s = Math.min(W / sz[0], H0 / sz[1], 1.5) < 0.35 ? 0 : Math.min(W / sz[0], H / sz[1], 1.5);
     if (!s) { s = Math.min(W / sz[0], 0.8); tx = (W - sz[0] * s) / 2; ty = T + FIT_PAD; }
     else { tx = (W - sz[0] * s) / 2; ty = T + FIT_PAD + Math.max(0, (H - sz[1] * s) / 2); }
-    offX = 0; offY = 0; touched = false; apply(false); };
-  const moved = () => { touched = true; apply(true); };
+    offX = 0; offY = 0; touched = false; aimed = null; apply(false); };
+  const moved = () => { touched = true; aimed = null; apply(true); };
   const zoomAt = (f, cx, cy) => { const ns = Math.min(Math.max(s * f, 0.02), 8); tx = cx - (cx - tx) * ns / s;
     ty = cy - (cy - ty) * ns / s; s = ns; moved(); };
   mk('+', 'zoom in', () => zoomAt(1.25, wrap.clientWidth / 2, wrap.clientHeight / 2), 'rv-zoom-in');
@@ -195,14 +207,19 @@ export function render({ model, el }) {
   const fullBtn = mk('full', FULL_TIP, () => setFull(!full), 'rv-full-btn');
   const onKey = (e) => { if (full && e.key === 'Escape') setFull(false); };
   window.addEventListener('keydown', onKey);
+  // the width (px) of the pane's part that shows: without its right edge under the node drawer (`model.cover`; the
+  // drawer lies under a full-size pane), the whole width where the drawer leaves less than SEEN_MIN_PX. A search hit
+  // centred in the whole pane lay under the open drawer, only its ring's left edge showing
+  const SEEN_MIN_PX = 40;
+  const seenW = () => { const W = wrap.clientWidth, v = W - (full ? 0 : model.cover || 0); return v >= SEEN_MIN_PX ? v : W; };
   const center = (g, share, top) => { if (!g) return; const ir = inner.getBoundingClientRect(), gr = g.getBoundingClientRect();
     const px = (gr.left + gr.width / 2 - ir.left) / s, py = (gr.top + (top ? 0 : gr.height / 2) - ir.top) / s;
     if (s < 0.6) s = 0.9;
-    tx = wrap.clientWidth / 2 - px * s; ty = top ? 24 - py * s : wrap.clientHeight / 2 - py * s; touched = true;
+    tx = seenW() / 2 - px * s; ty = top ? 24 - py * s : wrap.clientHeight / 2 - py * s; touched = true;
     apply(share, /^n\d+$/.test(g.id) ? g.id : null); };
   const miniPan = (e) => { const r = miniBody.getBoundingClientRect();
     const px = (e.clientX - r.left - ox) / mk1, py = (Math.max(e.clientY - r.top - oyTop, 0) + oy) / mk1;
-    tx = wrap.clientWidth / 2 - px * s; ty = wrap.clientHeight / 2 - py * s; moved(); };
+    tx = seenW() / 2 - px * s; ty = wrap.clientHeight / 2 - py * s; moved(); };
   let miniDrag = false;
   mini.addEventListener('pointerdown', (e) => { e.stopPropagation(); e.preventDefault(); miniDrag = true;
     try { mini.setPointerCapture(e.pointerId); } catch (err) { /* synthetic events have no capture */ } miniPan(e); });
@@ -261,6 +278,12 @@ export function render({ model, el }) {
   // until then Enter shows it (opening its folded layer). Typing centres the first hit but leaves this false: the
   // first Enter after a new query stepped past hit 1 (typed "softmax", then Enter, read "2/6")
   let shown = false;
+  // `aimed`: the key of the hit the search centred, while the view is still that centring (no pan, zoom or fit
+  // since): a new picture of the same scope keeps the view, and the search's hit there, when that view does not show
+  // it, is centred. A query typed while version 26's picture was on its way centred its hit in version 0's picture;
+  // version 26's drew its own hit 900 px above the pane, and the counter named that one
+  const inView = (g) => { const wr = wrap.getBoundingClientRect(), gr = g.getBoundingClientRect();
+    return gr.left >= wr.left && gr.right <= wr.left + seenW() && gr.top >= wr.top && gr.bottom <= wr.bottom; };
   const counted = () => { const n = hits[hit].note || ''; found.textContent = `${hit + 1}/${hits.length}`;
     foundNote.textContent = n; foundNote.style.display = n ? 'block' : 'none'; };
   // the note is a line of its own between the bar and the picture, shown while it says something (in the bar it
@@ -319,7 +342,8 @@ export function render({ model, el }) {
     if (step && shown) hit = (hit + 1) % hits.length;
     const h = hits[hit]; last = h.key; found.dataset.hit = h.key; counted();  // data-hit: the node shown
     if (step) { shown = true; center(h.g, true); if (h.g.id !== h.key && isBox(h.g.id) && h.id !== null) open(h.g, [h.id]); }
-    else if (how === 'type') center(h.g, true); };
+    else if (how === 'type') center(h.g, true);
+    if (step || how === 'type') aimed = h.key; };
   // A picture of another model (its scope's model part differs, `ZoomScope`; '' or none: not known): a node-id
   // query (`%795`, `NODE_QUERY`) named a node of the model before, so it is cleared (it read "%795 — no match" on
   // the new model); a term ("softmax") carries over on purpose. `graphpane.kept_query` says the same in Python.
@@ -343,10 +367,12 @@ export function render({ model, el }) {
     miniPicture();
     const keep = same && touched && shows();  // a kept view that shows none of the picture is no view: fitted
     if (!keep) fit(); else apply(false);
-    mark(!keep); hits = []; if (search.value) find('again'); title.textContent = title.title = model.title || '';
+    mark(!keep); hits = []; if (search.value) find('again');
+    const h = hits[hit]; if (keep && !reveal && aimed && h && !inView(h.g)) { center(h.g, false); aimed = h.key; }
+    title.textContent = title.title = model.title || '';
     if (reveal) { const g = inner.querySelector(`g#${CSS.escape(reveal)}`); const ids = revealIds; reveal = null; revealIds = [];
       const node = ids.map((i) => inner.querySelector(`g#n${i}`)).find((x) => x);
-      if (node) center(node, true);  // the search resumed at this hit (`last`)
+      if (node) { center(node, true); aimed = last; }  // the search resumed at this hit (`last`)
       else if (g) center(g, true, g.classList.contains('cluster')); } };
   let drag = null, dragged = false;
   wrap.addEventListener('wheel', (e) => { e.preventDefault(); const r = wrap.getBoundingClientRect();
@@ -374,6 +400,6 @@ export function render({ model, el }) {
   model.on('related', () => mark(false));
   model.on('title', () => { title.textContent = title.title = model.title || ''; });
   model.on('after_layout', () => { if (!touched) fit(); else miniSync(); mark(!touched); });
-  model.on('remove', () => { if (full) setFull(false); miniGone(); window.removeEventListener(BUS, onBus); window.removeEventListener('keydown', onKey); if (miniUrl) URL.revokeObjectURL(miniUrl); });
+  model.on('remove', () => { if (full) setFull(false); miniGone(); window.removeEventListener(BUS, onBus); resized.disconnect(); window.removeEventListener('keydown', onKey); if (miniUrl) URL.revokeObjectURL(miniUrl); });
   setSvg();
 }

@@ -136,6 +136,8 @@ class SvgGraph(JSComponent):
     order = param.List(default=[], item_type=int, doc="The graph's node ids in graph order: the order of the search's "
                        "hits, the same whichever layers are open (`search_order`); [] keeps the drawing's order.")
     legend = param.String("", doc="HTML of a folded legend in the picture's corner (`ops_legend_html`), or ''.")
+    cover = param.Integer(0, bounds=(0, None), doc="Width (px) of the pane's right edge under the node drawer "
+                          "(`panels.DRAWER_PX` while it is open), 0 for none: a search hit is centred in the rest.")
 
     _esm = _ESM
     _stylesheets = [_CSS]

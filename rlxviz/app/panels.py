@@ -431,8 +431,9 @@ class GraphCompare(Viewer):
         related: tuple[list[int], list[int]] = ([], [])
         if sel is not None and prev is not None and cur is not None and s.current_step is not None:
             related = counterparts(prev, cur, sel, s.trace)  # what each node replaced itself, as the labels say
-        for g, rel in zip((self.before, self.after), related, strict=True):
-            g.param.update(highlight=list(s.highlight), selected=sel, related=[i for i in rel if i != sel])
+        covers = (0, DRAWER_PX if sel is not None else 0)  # the drawer lies over the after pane's right edge
+        for g, rel, cover in zip((self.before, self.after), related, covers, strict=True):
+            g.param.update(cover=cover, highlight=list(s.highlight), selected=sel, related=[i for i in rel if i != sel])
 
     def __panel__(self) -> pn.viewable.Viewable:
         return pn.Column(self.stale.banner, self.note, self.legend, self.row, sizing_mode="stretch_both")
