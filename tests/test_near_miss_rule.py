@@ -26,6 +26,7 @@ from rlxviz.app.panels import NOT_NEAR_MISS_MARK, VersionStepper
 from rlxviz.app.state import AppState
 from rlxviz.passes import Trace
 from rlxviz.passes.guard import DOES_NOT_PAY, MODEL_TERM, NOT_PROFITABLE, near_miss_kind
+from rlxviz.passes.pattern import describe
 from rlxviz.passes.trace import place_label
 from rlxviz.passes.why.places import places
 from rlxviz.passes.why.policy import NOT_EXPECTED_HERE, NOT_EXPECTED_WHY
@@ -297,7 +298,10 @@ def test_a_parallel_block_with_packed_qkv_fuses_as_expected(layers, paths):
     assert v.ok, v.render()
     assert "shared-input QKV matmul" not in " ".join(lv.expected for lv in v.layers)
     assert not refusals(step, t)
-    assert not_near_misses(step, t) == {DOES_NOT_PAY: [place_label(r.anchor, r.path) for r in hard]}
+    # each place, then the node the cost test left out (FC1), as messages name nodes: the place alone hid which
+    assert not_near_misses(step, t) == {DOES_NOT_PAY: [
+        f"{place_label(r.anchor, r.path)}: {r.rule} ({r.guard}): left out {describe(step.before[r.offending[0]])}"
+        for r in hard]}
     s.hide_unchanged = False
     chip = chips(s)["after fuse_shared_input_matmul"]
     assert "✗" not in chip and f">{NOT_NEAR_MISS_MARK}{layers}</span>" in chip

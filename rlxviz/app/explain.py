@@ -18,7 +18,7 @@ import numpy as np
 from ..ir import Graph, Node, Op, format_node, operand_roles
 from ..ir.ops import made_as
 from ..ir.printer import format_value
-from ..passes.made import Credit, credit, made_in_run, made_words, remade_in_run, replaced
+from ..passes.made import Credit, credit, made_in_run, made_words, maker, remade_in_run, replaced, stage_makers
 from ..passes.pipeline import role_label
 from ..passes.placement import match_layer, outside_box, sits
 from ..passes.report import fix_line, in_context
@@ -264,7 +264,8 @@ def node_report(graph: Graph, node_id: int, trace: Trace | None = None,
     beside = made_in_run(trace) if trace is not None else {}
     report: dict[str, Any] = {
         "id": n.id, "op": n.op.value, "attrs": dict(n.attrs), "shape": list(n.shape), "dtype": str(n.dtype),
-        "path": n.path, "layer": layer_of(n.path), "pass_name": n.pass_name,
+        "path": n.path, "layer": layer_of(n.path),
+        "pass_name": maker(n, stage_makers(trace)) if trace is not None else n.pass_name,
         "absorbed": list(replaced(n, graph, beside, versions)),  # what it replaced itself, as the drawing counts
         "record": list(n.absorbed),  # the rewrite's record, every node its match absorbed: the IR line's `<-`
         "ir": format_node(n), "is_output": graph.is_output(n),

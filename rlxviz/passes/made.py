@@ -16,7 +16,7 @@ the product.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from ..ir import Graph, Node
@@ -346,3 +346,25 @@ def remade_in_run(trace: Trace) -> dict[int, Remade]:
         return out
 
     return _REMADE.get_or_compute(trace, every)
+
+
+def step_makers(steps: Iterable[PassStep]) -> dict[int, str]:
+    """Each node id a stage of a pass added (`PassStep.is_stage`) -> that stage's step name: glm's attention %298,
+    made by `fuse_attention_block/qkv_columns`, whose `Node.pass_name` is the pass's (`engine.stage`: a stage records
+    under its pass), `fuse_attention_block`."""
+    return {i: s.pass_name for s in steps if s.is_stage for i in s.added}
+
+
+_STAGES: DigestCache[dict[int, str]] = DigestCache(limit=4)
+
+
+def stage_makers(trace: Trace) -> dict[int, str]:
+    """`step_makers` of every step of `trace` (ids are never reused across versions); once per run."""
+    return _STAGES.get_or_compute(trace, lambda: step_makers(trace.steps))
+
+
+def maker(n: Node, makers: Mapping[int, str]) -> str:
+    """Who made `n`, as its label (`by ...`), tooltip and the inspector's "created by" say it: the stage of its pass
+    that made it (`makers`, `stage_makers`), else its `Node.pass_name` ("" for a node of the model)."""
+    stage = makers.get(n.id)
+    return stage if stage is not None and n.pass_name and family_of(stage) == n.pass_name else n.pass_name

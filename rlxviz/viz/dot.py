@@ -27,7 +27,7 @@ from ..ir import Graph, Node, Op, operand_roles
 from ..ir.ops import FUSED
 from ..ir.printer import shown_attrs
 from ..ir.text import shown
-from ..passes.made import holders, replaced, where_now
+from ..passes.made import holders, maker, replaced, where_now
 from ..passes.placement import path_box
 from ..passes.trace import Layer, Rejection, layer_label, layer_of, whose_place
 from . import styles as st
@@ -382,8 +382,8 @@ class _Drawer:
         if made:  # made beside a match's product: for which, never its absorbed list; whole words in 3 lines
             lines += [_small(s, fg("#1b5e20")) for s in _wrap(next((w for w in made if len(_wrap(w)) <= 3),
                                                                    made[-1]))[:3]]
-        elif (n.op in FUSED or n.absorbed) and n.pass_name:
-            lines.append(_small(f"by {n.pass_name}", fg("#1b5e20")))
+        elif (n.op in FUSED or n.absorbed) and n.pass_name:  # the stage that made it, where one did (`made.maker`)
+            lines.append(_small(f"by {maker(n, self.ov.makers)}", fg("#1b5e20")))
         if own:  # what it replaced itself (`passes.made.replaced`), as the inspector counts it
             ops = _op_summary(own, self.ov.origin)
             summary = f"absorbed {len(own)} node(s)" + (f": {ops}" if ops else "")
@@ -410,7 +410,7 @@ class _Drawer:
         if ops:
             parts.append(f"operands: {ops}")
         if n.pass_name:
-            parts.append(f"created by: {n.pass_name}")
+            parts.append(f"created by: {maker(n, self.ov.makers)}")
         if made := self._made(n):
             parts.append(made[0])
         if own := self._replaced(n):

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 from ..ir import Graph, Node, Op, operand_roles
 from ..ir.identity import DigestCache
 from ..ir.ops import FUSED
-from ..passes.made import Beside, made_beside, made_in_run
+from ..passes.made import Beside, made_beside, made_in_run, stage_makers, step_makers
 from ..passes.trace import Match, PassStep, Rejection, Trace
 from ..passes.why.gap_words import GapNames, group_words, trait_worded
 
@@ -298,6 +298,8 @@ class Overlay:
         caveats: each place of `standings` at a gap whose compiler fix alone is not enough, where no follower says
             so (`gap_caveats`) -> the text's caveat (`alone it is not enough: qkv_packed (not recognized) fails
             next`): its `△` marks and the Why title say it.
+        makers: node id -> the stage of its pass that made it (`passes.made.stage_makers`: glm's attention made by
+            `fuse_attention_block/qkv_columns`), which its label and tooltip name (`made.maker`), not the pass alone.
         names: node id -> (rule, role) per binding of a match or rejection that this overlay does not draw: the
             names messages give the node (`ln1 (role h1)`), put in its tooltip's `roles:` line so the search finds
             it by them in the after pane too (only the before pane tags candidates).
@@ -319,6 +321,7 @@ class Overlay:
     gap_names: dict[tuple[str, int], GapNames] = field(default_factory=dict)
     followers: Followers = field(default_factory=dict)
     caveats: dict[tuple[str, int], str] = field(default_factory=dict)
+    makers: dict[int, str] = field(default_factory=dict)
 
     @classmethod
     def before(cls, step: PassStep, rejections: bool = True, trace: Trace | None = None) -> Overlay:
@@ -341,6 +344,7 @@ class Overlay:
                    if rejections else (),
                    origin=all_versions(trace) if trace is not None else None,
                    made=made_in_run(trace) if trace is not None else {},
+                   makers=stage_makers(trace) if trace is not None else step_makers([step]),
                    standings=(groups := place_groups(trace, step) if rejections else {}),
                    gap_names=gap_names(trace, step, groups) if rejections else {},
                    followers=gap_followers(trace, step, groups) if rejections else {},
@@ -357,7 +361,7 @@ class Overlay:
                       ) if self.rejections else self
         # every node of the run, as `before(step, trace=...)` and the after pane read it: a product a later pass
         # absorbed is "now in FusedTransformerLayer %398" in both panes of one version, never "now gone" in one
-        out = replace(out, made=made_in_run(trace), origin=all_versions(trace))
+        out = replace(out, made=made_in_run(trace), origin=all_versions(trace), makers=stage_makers(trace))
         return replace(out, title=before_caption(step, trace)) if out.title.startswith("before ") else out
 
     @classmethod
@@ -368,7 +372,8 @@ class Overlay:
         title = f"after {trace.step_name(step) if trace is not None else step.pass_name}, in the graph: {changes}"
         return cls(title=title, fused=fused, added=frozenset(step.added),
                    origin=all_versions(trace) if trace is not None else step.before, names=bound_names(step),
-                   made=made_in_run(trace) if trace is not None else made_beside(step))
+                   made=made_in_run(trace) if trace is not None else made_beside(step),
+                   makers=stage_makers(trace) if trace is not None else step_makers([step]))
 
     @classmethod
     def diff(cls, old: Graph, new: Graph, title: str = "") -> Overlay:
@@ -388,7 +393,7 @@ class Overlay:
         fused = tuple(m for m in trace.matches if m.fused is not None and m.fused in final)
         return cls(title=trace.pipeline, fused=fused,
                    rejections=tuple(r for s in trace.steps[:ran] for r in worded(trace, s)), origin=all_versions(trace),
-                   made=made_in_run(trace), standings=(groups := run_groups(trace)),
+                   made=made_in_run(trace), makers=stage_makers(trace), standings=(groups := run_groups(trace)),
                    gap_names={pl: names for s in trace.steps for pl, names in gap_names(trace, s, groups).items()},
                    followers={k: w for s in trace.steps for k, w in gap_followers(trace, s, groups).items()},
                    caveats={pl: w for s in trace.steps for pl, w in gap_caveats(trace, s, groups).items()})

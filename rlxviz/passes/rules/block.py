@@ -484,6 +484,22 @@ BLOCK = Rule(
     doc="QKV linear -> narrows -> attention(keep|additive) -> out linear -> FusedAttentionBlock (a bias-less QKV or "
         "output projection gets a zero bias: exact)")
 
+MODEL_TERM_STEPS = tuple(s for s in BLOCK.steps if getattr(s, "kind", None) == MODEL_TERM
+                         and getattr(s, "reads", None) == ("attn",) and hasattr(s, "guard_names"))
+"""`BLOCK`'s steps that refuse for the model's own structure (`@reports(kind=MODEL_TERM)`), read by
+`model_refusal`."""
+
+
+def model_refusal(g: Graph, attn: int) -> Fail | None:
+    """The block's first refusal for the model's own structure at attention node `attn` (its `MODEL_TERM` steps, in
+    order: `self_attention`, `kv_cache`), else None: where one refuses, no block forms here whatever rlxviz's ops
+    gain, so `fuse_shared_input_matmul`'s cost test has no block to protect (cohere.optimum-past's prefill reads a KV
+    cache). A gap in rlxviz's ops (a `lacking` guard, e.g. interleaved RoPE) is no such refusal: its compiler fix
+    would form the block, so the cost test keeps protecting it."""
+    c = Ctx(g, {"attn": attn})
+    return next((f for f in (step(c) for step in MODEL_TERM_STEPS) if f is not None), None)
+
+
 fuse_attention_block = rule_pass("fuse_attention_block", [BLOCK], "QKV + attention + out-projection -> "
                                  "FusedAttentionBlock", requires=("fuse_matmul_bias_act",),
                                  product="FusedAttentionBlock", expected_of=("post_ln", "keep_mask"),
@@ -501,5 +517,5 @@ fuse_attention_block = rule_pass("fuse_attention_block", [BLOCK], "QKV + attenti
 
 
 __all__ = ["BLOCK", "INTEGER_QKV_FIX", "INTEGER_QKV_GAP", "PRE_ROPE_SCALE_FIX", "PRE_ROPE_SCALE_GAP", "QK_NORM_FIX",
-           "QK_NORM_GAP", "SHARING_WORDS", "fuse_attention_block", "qkv_sharing",
+           "QK_NORM_GAP", "SHARING_WORDS", "fuse_attention_block", "model_refusal", "qkv_sharing",
            "size_gate", "tokens"]

@@ -31,6 +31,7 @@ from ..guard import (
 )
 from ..pattern import P, describe
 from ..rule import QUIET, Fail, Rule, Soft, reports
+from .block import model_refusal
 
 # -- fuse_shared_input_matmul --------------------------------------------------------------------
 #
@@ -39,9 +40,12 @@ from ..rule import QUIET, Fail, Rule, Soft, reports
 # of the merged sum); the members that feed one attention's Q, K and V (directly or through their head
 # split and RoPE: GPT-J's, Phi's and CodeGen's parallel blocks read one normed input for Q/K/V and the MLP)
 # are merged alone (in Q/K/V order), because anything else in the packed projection makes it wider than
-# Q/K/V and costs the attention block. Refused members are named in a `merge_keeps_fusions` rejection (kind:
-# not profitable; remedy: `guard.DOES_NOT_PAY`: the tool's own rule declined it, so it is no near-miss and no
-# layer is NOT fused for it).
+# Q/K/V and costs the attention block. Only a block that can form is protected: where the block refuses the
+# attention for the model's own term (`block.model_refusal`: a KV cache, cross-attention), no block forms whatever
+# rlxviz's ops gain, and the members merge as any other group (PaLM-style QKV+FC1: one GEMM); a block held back
+# only by a gap in rlxviz's ops (a RoPE form) stays protected, since its compiler fix would form it. Refused
+# members are named in a `merge_keeps_fusions` rejection (kind: not profitable; remedy: `guard.DOES_NOT_PAY`: the
+# tool's own rule declined it, so it is no near-miss and no layer is NOT fused for it).
 
 
 def _value(g: Graph, mm: Node) -> int:
@@ -110,6 +114,8 @@ def _group(c: Ctx) -> Fail | None:
     keep, refused = group, []
     if c.params.get("merge_cost_test", True):
         triple = _attention_triple(g, group)
+        if triple and model_refusal(g, triple[0].id) is not None:
+            triple = None  # no block forms here (the model's own term, e.g. a KV cache): nothing to protect
         keep = triple[1] if triple else [m for m in group if _epilogue_of(g, m) is None]
         for m in group:
             if m in keep:
@@ -311,7 +317,7 @@ SHARED = Rule(
     result="mm0", absorb=(), rewrite=_shared_rewrite,
     doc="matmuls sharing an input -> one matmul over concat(weights) (+ concat(biases), zero slots for bias-less "
         "members) + narrows; never merges a matmul whose merge would cost a fusion (an epilogue, the attention "
-        "block)")
+        "block where the model's own terms let one form)")
 
 SHARED_PRODUCT = "shared-input matmul"
 QKV_PRODUCT = "shared-input QKV matmul"
@@ -342,7 +348,8 @@ def merged_product(g: Graph, merged: int) -> str:
     `merged`: the merged matmul, `Match.fused`): `shared-input QKV matmul` when its three slices are the q, k and v
     of one attention (operands 0, 1, 2 of an `attention` node, or of the primitive form: q and k the two operands of
     the scores matmul, v the right operand of another matmul); else `shared-input matmul` (a router and a gate, an
-    MLP's up projections)."""
+    MLP's up projections, Q/K/V packed with an MLP projection where no block can form: cohere's prefill with a KV
+    cache)."""
     if merged not in g:
         return SHARED_PRODUCT
     out = [u.id for u in g.users(merged) if u.op == Op.ADD] or [merged]

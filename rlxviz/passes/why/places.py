@@ -8,8 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from ...ir import Graph
 from ...ir.identity import IdentityMap
 from ..explain import Outcome, explain
+from ..pattern import describe
 from ..refusal_kinds import DOES_NOT_PAY, MODEL_TERM, NOT_A_CANDIDATE
 from ..report import in_context
 from ..trace import Rejection, Trace, place_label
@@ -86,6 +88,14 @@ def near_miss_item(r: Rejection) -> str:
     return f"{place_label(r.anchor, r.path)}: {r.rule} ({r.guard})"
 
 
+def left_out(g: Graph, r: Rejection) -> str:
+    """The nodes a refusal of the tool's own cost test (`DOES_NOT_PAY`) left out, other than its anchor, as messages
+    name nodes (`matmul (node 346, model.layers.0.mlp)`), each of `g` (the step's input graph) joined by ", "; ""
+    for none. The place is the anchor (cohere's Q projection), the node left out another (its MLP's matmul): a chip
+    item that named the place alone hid which one."""
+    return ", ".join(describe(g[i]) for i in dict.fromkeys(r.offending) if i != r.anchor and i in g)
+
+
 def place_standings(trace: Trace, step: int) -> dict[tuple[str, int], tuple[Rejection, tuple[str, str] | None]]:
     """Each place (rule, anchor) of the refusals of `trace.steps[step]`, in the run's order -> `(headline, standing)`:
     its headline refusal (its first refusal when none is the headline) and `standing` of it. The one reading of a
@@ -154,6 +164,8 @@ def places(trace: Trace, step: int) -> Places:
             reason = in_context(trace, step, r)[0]  # a gap: its compiler fix, no "why not expected" (issue 39)
             line = gap_line if group == OP_GAP_GROUP else not_expected_line
             item = f"{path}: {line(r.rule, r.guard, reason, why)}"  # its place named once: `path`
+        elif group == DOES_NOT_PAY and (left := left_out(trace.steps[step].before, r)):
+            item = f"{path}: {r.rule} ({r.guard}): left out {left}"  # the anchor is where, the node left out is who
         else:
             item = f"{path}: {r.rule} ({r.guard}): {why}" if group in (ILLEGAL_HERE_GROUP, TAKEN_LATER_GROUP) else path
         excused.setdefault(group, []).append(item)
