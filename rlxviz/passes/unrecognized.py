@@ -13,7 +13,9 @@ matched or rejected (no `Match`/`Rejection` binds, anchors or names any of them)
   halves of one width). An activation broadcast over the other operand (Qwen2-MoE's shared-expert gate
   `sigmoid(x @ w_g)` `[B, S, 1]` times the expert's `[B, S, H]` output) scales a whole output and is no GLU;
 * `activation`: an activation written as primitives (`activations.activation_form`: QuickGELU
-  `x * sigmoid(1.702 x)`, Swish, squared ReLU), never mistaken for a gate;
+  `x * sigmoid(1.702 x)`, Swish, squared ReLU), never mistaken for a gate. One that no op computes
+  (`activations.has_op`) is a gap in rlxviz's ops, as `canonicalize_exported.activation_op` names it where it runs:
+  its finding says so (remedy `compiler only`, the fix `activations.op_fix`), so the verdict counts it as that gap;
 * `where_mask`: `where` feeding a softmax (a boolean attention mask);
 * `attention`: an attention softmax left as primitives (rank 4, or rank 3+ read as the left operand of `P @ V`:
   heads folded into the batch, `architecture.attention_softmax`).
@@ -25,9 +27,10 @@ from collections import deque
 from dataclasses import dataclass
 
 from ..ir import Graph, Node, Op
-from .activations import activation_form
+from .activations import OP_GAP_HINT, ActivationForm, activation_form, has_op, op_fix
 from .architecture import attention_softmax
 from .declarations import FAMILIES, FINDING, FINDING_QUANTIZATION
+from .refusal_kinds import COMPILER_ONLY, NOT_RECOGNIZED
 from .report import MissedFusion
 from .trace import Trace, place_label
 
@@ -45,7 +48,10 @@ class Unrecognized:
         nodes: the chain's node ids (the signature node first), in the scanned graph version.
         path: the first node's model path.
         reason: one line naming the nodes and what they look like.
-        hint: how to make a rule see it.
+        hint: how to make a rule see it (for an activation no op computes: that the model has nothing to change).
+        remedy: `refusal_kinds.COMPILER_ONLY` for an activation no op computes (no change to the model keeps its
+            numbers: a gap in rlxviz's ops), else "".
+        fix: the compiler fix when `remedy` says it is the only one (`activations.op_fix`), else "".
     """
 
     family: str
@@ -53,14 +59,18 @@ class Unrecognized:
     path: str
     reason: str
     hint: str
+    remedy: str = ""
+    fix: str = ""
 
     def __str__(self) -> str:
         where = place_label(self.nodes[0], self.path, with_node=True)
         return f"{FINDING}.{self.family} @ {where}: {GUARD}: {self.reason}"
 
     def as_missed(self) -> MissedFusion:
-        """The finding as a `MissedFusion` (pattern `unrecognized.<family>`, guard `no_rule`)."""
-        return MissedFusion(f"{FINDING}.{self.family}", self.nodes[0], self.path, GUARD, self.reason, self.hint)
+        """The finding as a `MissedFusion` (pattern `unrecognized.<family>`, guard `no_rule`, kind `not recognized`:
+        no rule takes this form)."""
+        return MissedFusion(f"{FINDING}.{self.family}", self.nodes[0], self.path, GUARD, self.reason, self.hint,
+                            NOT_RECOGNIZED, self.fix, remedy=self.remedy)
 
 
 def _forward(g: Graph, start: int, depth: int) -> list[int]:
@@ -81,9 +91,10 @@ def _const_operand(g: Graph, n: Node) -> bool:
     return any(g[i].op == Op.CONST for i in n.inputs)
 
 
-def _signatures(g: Graph) -> list[tuple[str, tuple[int, ...], str]]:
-    """`(family, nodes, what)` for every family signature in `g`."""
-    found: list[tuple[str, tuple[int, ...], str]] = []
+def _signatures(g: Graph) -> list[tuple[str, tuple[int, ...], str, ActivationForm | None]]:
+    """`(family, nodes, what, form)` for every family signature in `g` (`form`: the activation form of an `activation`
+    signature, else None)."""
+    found: list[tuple[str, tuple[int, ...], str, ActivationForm | None]] = []
     for n in g:
         if n.op == Op.REDUCE_MEAN:
             chain = _forward(g, n.id, 5)
@@ -91,13 +102,13 @@ def _signatures(g: Graph) -> list[tuple[str, tuple[int, ...], str]]:
             if roots:
                 keep = chain[:chain.index(roots[0]) + 1]
                 found.append(("norm", tuple(keep), f"reduce_mean %{n.id} reaches {g[roots[0]].op.value} "
-                                                   f"%{roots[0]}"))
+                                                   f"%{roots[0]}", None))
         elif n.op == Op.ERF or (n.op == Op.TANH and any(u.op == Op.ADD and _const_operand(g, u)
                                                          for u in g.users(n.id))):
             found.append(("gelu", (n.id, *(u.id for u in g.users(n.id))), f"{n.op.value} %{n.id} inside a "
-                                                                          f"0.5 * x * (1 + ...) product"))
+                                                                          f"0.5 * x * (1 + ...) product", None))
         elif (form := activation_form(g, n)) is not None:
-            found.append(("activation", (form.out, *form.nodes[:-1]), f"{form.name} {form.formula}"))
+            found.append(("activation", (form.out, *form.nodes[:-1]), f"{form.name} {form.formula}", form))
         elif n.op in (Op.GELU, Op.GELU_TANH, Op.SILU, Op.RELU, Op.RELU2, Op.SIGMOID):
             for u in g.users(n.id):
                 if activation_form(g, u) is not None:  # x * sigmoid(k x): an activation, not a gate
@@ -106,14 +117,14 @@ def _signatures(g: Graph) -> list[tuple[str, tuple[int, ...], str]]:
                 if other is not None and other.op in (Op.MATMUL, Op.FUSED_MATMUL_BIAS_ACT, Op.NARROW) \
                         and n.shape == other.shape:  # a gate broadcast over the other's features scales it
                     found.append(("glu", (u.id, n.id, other.id), f"{n.op.value} %{n.id} gates {other.op.value} "
-                                                                 f"%{other.id} in mul %{u.id}"))
+                                                                 f"%{other.id} in mul %{u.id}", None))
         elif n.op == Op.WHERE and any(u.op == Op.SOFTMAX for u in g.users(n.id)):
             sm = next(u for u in g.users(n.id) if u.op == Op.SOFTMAX)
-            found.append(("where_mask", (n.id, sm.id), f"where %{n.id} masks the scores of softmax %{sm.id}"))
+            found.append(("where_mask", (n.id, sm.id), f"where %{n.id} masks the scores of softmax %{sm.id}", None))
         elif attention_softmax(g, n):
             scores = "[B, heads, Sq, Sk]" if n.rank == 4 else f"{list(n.shape)} (heads folded into the batch)"
             found.append(("attention", (n.id,), f"softmax %{n.id} over {scores} scores, read by P @ V"
-                          if n.rank != 4 else f"softmax %{n.id} over {scores} scores"))
+                          if n.rank != 4 else f"softmax %{n.id} over {scores} scores", None))
     return found
 
 
@@ -149,14 +160,16 @@ def unrecognized(trace: Trace) -> list[Unrecognized]:
     touched = _touched(trace)
     out = []
     claimed: set[int] = set()
-    for family, nodes, what in _signatures(g):
+    for family, nodes, what, form in _signatures(g):
         if touched & set(nodes) or claimed & set(nodes):
             continue
         claimed |= set(nodes)
         name, hint = FAMILIES[family]
+        gap = form is not None and not has_op(form)  # no op computes it: a gap in rlxviz's ops, not a model change
         out.append(Unrecognized(family, nodes, g[nodes[0]].path,
                                 f"{what} looks like {name} (nodes {', '.join(f'%{i}' for i in nodes)}), but no rule "
-                                f"made it a candidate", hint))
+                                f"made it a candidate", OP_GAP_HINT if gap else hint,
+                                COMPILER_ONLY if gap else "", op_fix(form) if gap and form is not None else ""))
     return out
 
 

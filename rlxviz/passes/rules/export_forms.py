@@ -80,9 +80,9 @@ import math
 
 from ...ir import DType, Graph, Node, Op, Rewriter
 from ...ir.infer import broadcast
-from ..activations import SQUARED_RELU, activation_form
+from ..activations import OP_GAP_HINT, SQUARED_RELU, activation_form, has_op, op_fix, owns_users
 from ..engine import rule_pass
-from ..guard import ILLEGAL, NOT_RECOGNIZED, Ctx, guard
+from ..guard import COMPILER_ONLY, EPILOGUE_ACTIVATIONS, ILLEGAL, NOT_RECOGNIZED, Ctx, guard
 from ..pattern import P, const_value, is_const
 from ..rule import QUIET, Fail, Rule, reports
 from .table_mask import BIAS_THEN_TABLE_MASK, F32_MIN, const_entries, is_score_matmul
@@ -119,6 +119,33 @@ RELU2 = Rule(
     steps=(_squared,), result="sq", absorb=("relu", "sq"),
     build=lambda c: (Op.RELU2, [c.id("x")], {}),
     doc="relu(x) * relu(x) or pow(relu(x), 2) -> relu2(x)", form="relu2")
+
+
+@reports("activation_op", reads=("out",))
+def _no_op_for_it(c: Ctx) -> Fail | None:
+    """An activation written as primitives that no IR op computes (`activations.has_op`: QuickGELU, Swish with a
+    beta other than 1) is a gap in rlxviz's ops: named here, never rewritten (quiet for any other product, for the
+    forms `silu` / `relu2` take, and for a linear's activation, which `fuse_matmul_bias_act`'s `epilogue_activation`
+    names as the same gap)."""
+    g = c.graph
+    form = activation_form(g, c["out"])
+    if form is None or has_op(form):
+        return QUIET
+    x = g[form.x]
+    if x.op == Op.ADD and any(g[i].op == Op.MATMUL for i in x.inputs) and owns_users(g, form):
+        return QUIET  # the linear's epilogue refusal names it (`FusedMatMulBiasAct with a ... epilogue`)
+    return Fail("guard", "activation_op",
+                f"{form.describe()} is an activation written as primitives: rlxviz has no op for it, and no fused op "
+                f"takes it (the epilogue allow-list is {', '.join(EPILOGUE_ACTIVATIONS)}), so it stays as primitives",
+                form.nodes, tuple((form.x, i) for i in form.nodes if form.x in g[i].inputs), OP_GAP_HINT,
+                subject=form.out, kind=NOT_RECOGNIZED, remedy=COMPILER_ONLY, fix=op_fix(form))
+
+
+ACTIVATION_OP = Rule(
+    "canonicalize_exported.activation_op", P(Op.MUL, P.var("a"), P.var("b"), name="out"),
+    steps=(_no_op_for_it,), result="out", absorb=("out",), rewrite=lambda c, rw: c.id("out"),
+    doc="x * sigmoid(k * x) with k != 1 (QuickGELU, Swish with beta k): no op computes it; named, not rewritten "
+        "(a gap in rlxviz's ops)")
 
 RSQRT = Rule(
     "canonicalize_exported.rsqrt",
@@ -487,14 +514,14 @@ UNIT_AXIS_ONE_HEAD = Rule(
 
 
 canonicalize_exported = rule_pass(
-    "canonicalize_exported", [SILU, RELU2, RSQRT, WHERE_BIAS, NAN_GUARD, NAN_GUARD_MOVED, FOLDED_TRANSPOSE,
-                              BIAS_THEN_MASK, BIAS_THEN_TABLE_MASK, INVERTED_WHERE, NOOP_CAST, UNIT_AXIS_HEAD_SPLIT,
-                              UNIT_AXIS_ONE_HEAD],
+    "canonicalize_exported", [SILU, RELU2, ACTIVATION_OP, RSQRT, WHERE_BIAS, NAN_GUARD, NAN_GUARD_MOVED,
+                              FOLDED_TRANSPOSE, BIAS_THEN_MASK, BIAS_THEN_TABLE_MASK, INVERTED_WHERE, NOOP_CAST,
+                              UNIT_AXIS_HEAD_SPLIT, UNIT_AXIS_ONE_HEAD],
     "forms exporters write (x*sigmoid(x), relu(x)^2, 1/sqrt, the padding-mask sum, the sdpa NaN guard, its folded "
     "transpose, T5's bias then mask, an inverted where, no-op casts) -> the IR's ops",
     product="the exporter's forms as IR ops",  # a layer's list adds the forms rewritten there (`Rule.form`)
     recognizes_families=("where_mask", "activation"))
 
-__all__ = ["BIAS_THEN_MASK", "BIAS_THEN_TABLE_MASK",
+__all__ = ["ACTIVATION_OP", "BIAS_THEN_MASK", "BIAS_THEN_TABLE_MASK",
            "FOLDED_TRANSPOSE", "INVERTED_WHERE", "NAN_GUARD", "NAN_GUARD_MOVED", "NOOP_CAST", "RELU2",
            "RSQRT", "SILU", "UNIT_AXIS_HEAD_SPLIT", "UNIT_AXIS_ONE_HEAD", "WHERE_BIAS", "canonicalize_exported"]
