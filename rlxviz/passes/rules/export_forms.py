@@ -12,6 +12,10 @@ no match record, no near-miss, nothing to toggle) is a rule here, at the head of
   exponent 2) and on MLX's CPU (`powf` of an exact square, representable before rounding, rounds it as the
   product does). Only a square of x's dtype and shape (a `[1]` exponent that would broadcast a scalar, or a
   wider exponent dtype, is no record); a relu read by anything else stays (`absorbed_escape`).
+* `canonicalize_exported.activation_op`: `x * sigmoid(k * x)` with `k != 1` (QuickGELU `k = 1.702`, Swish with beta
+  k; `activations.activation_form`), which no IR op computes: named, never rewritten (guard `activation_op`, not
+  recognized, remedy compiler only: a gap in rlxviz's ops, the compiler fix an op for it). A linear's own activation
+  is left to `fuse_matmul_bias_act`'s `epilogue_activation`, which names the same gap as its epilogue.
 * `canonicalize_exported.rsqrt`: `1 / sqrt(y)` (torch.onnx writes `torch.rsqrt` as Reciprocal(Sqrt)) ->
   `rsqrt(y)`. Exact on the reference (its rsqrt is `1 / sqrt`); MLX's rsqrt kernel may round the last bit
   differently (within every tolerance of `runtime.precision`).
