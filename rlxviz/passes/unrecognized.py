@@ -27,7 +27,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from ..ir import Graph, Node, Op
-from .activations import OP_GAP_HINT, ActivationForm, activation_form, has_op, op_fix
+from .activations import OP_GAP_HINT, activation_form, has_op, op_fix
 from .architecture import attention_softmax
 from .declarations import FAMILIES, FINDING, FINDING_QUANTIZATION
 from .refusal_kinds import COMPILER_ONLY, NOT_RECOGNIZED
@@ -91,10 +91,10 @@ def _const_operand(g: Graph, n: Node) -> bool:
     return any(g[i].op == Op.CONST for i in n.inputs)
 
 
-def _signatures(g: Graph) -> list[tuple[str, tuple[int, ...], str, ActivationForm | None]]:
-    """`(family, nodes, what, form)` for every family signature in `g` (`form`: the activation form of an `activation`
-    signature, else None)."""
-    found: list[tuple[str, tuple[int, ...], str, ActivationForm | None]] = []
+def _signatures(g: Graph) -> list[tuple[str, tuple[int, ...], str]]:
+    """`(family, nodes, what)` for every family signature in `g` (an `activation` signature's first node is its
+    form's result, `activations.ActivationForm.out`)."""
+    found: list[tuple[str, tuple[int, ...], str]] = []
     for n in g:
         if n.op == Op.REDUCE_MEAN:
             chain = _forward(g, n.id, 5)
@@ -102,13 +102,13 @@ def _signatures(g: Graph) -> list[tuple[str, tuple[int, ...], str, ActivationFor
             if roots:
                 keep = chain[:chain.index(roots[0]) + 1]
                 found.append(("norm", tuple(keep), f"reduce_mean %{n.id} reaches {g[roots[0]].op.value} "
-                                                   f"%{roots[0]}", None))
+                                                   f"%{roots[0]}"))
         elif n.op == Op.ERF or (n.op == Op.TANH and any(u.op == Op.ADD and _const_operand(g, u)
                                                          for u in g.users(n.id))):
             found.append(("gelu", (n.id, *(u.id for u in g.users(n.id))), f"{n.op.value} %{n.id} inside a "
-                                                                          f"0.5 * x * (1 + ...) product", None))
+                                                                          f"0.5 * x * (1 + ...) product"))
         elif (form := activation_form(g, n)) is not None:
-            found.append(("activation", (form.out, *form.nodes[:-1]), f"{form.name} {form.formula}", form))
+            found.append(("activation", (form.out, *form.nodes[:-1]), f"{form.name} {form.formula}"))
         elif n.op in (Op.GELU, Op.GELU_TANH, Op.SILU, Op.RELU, Op.RELU2, Op.SIGMOID):
             for u in g.users(n.id):
                 if activation_form(g, u) is not None:  # x * sigmoid(k x): an activation, not a gate
@@ -117,14 +117,14 @@ def _signatures(g: Graph) -> list[tuple[str, tuple[int, ...], str, ActivationFor
                 if other is not None and other.op in (Op.MATMUL, Op.FUSED_MATMUL_BIAS_ACT, Op.NARROW) \
                         and n.shape == other.shape:  # a gate broadcast over the other's features scales it
                     found.append(("glu", (u.id, n.id, other.id), f"{n.op.value} %{n.id} gates {other.op.value} "
-                                                                 f"%{other.id} in mul %{u.id}", None))
+                                                                 f"%{other.id} in mul %{u.id}"))
         elif n.op == Op.WHERE and any(u.op == Op.SOFTMAX for u in g.users(n.id)):
             sm = next(u for u in g.users(n.id) if u.op == Op.SOFTMAX)
-            found.append(("where_mask", (n.id, sm.id), f"where %{n.id} masks the scores of softmax %{sm.id}", None))
+            found.append(("where_mask", (n.id, sm.id), f"where %{n.id} masks the scores of softmax %{sm.id}"))
         elif attention_softmax(g, n):
             scores = "[B, heads, Sq, Sk]" if n.rank == 4 else f"{list(n.shape)} (heads folded into the batch)"
             found.append(("attention", (n.id,), f"softmax %{n.id} over {scores} scores, read by P @ V"
-                          if n.rank != 4 else f"softmax %{n.id} over {scores} scores", None))
+                          if n.rank != 4 else f"softmax %{n.id} over {scores} scores"))
     return found
 
 
@@ -160,11 +160,12 @@ def unrecognized(trace: Trace) -> list[Unrecognized]:
     touched = _touched(trace)
     out = []
     claimed: set[int] = set()
-    for family, nodes, what, form in _signatures(g):
+    for family, nodes, what in _signatures(g):
         if touched & set(nodes) or claimed & set(nodes):
             continue
         claimed |= set(nodes)
         name, hint = FAMILIES[family]
+        form = activation_form(g, g[nodes[0]]) if family == "activation" else None
         gap = form is not None and not has_op(form)  # no op computes it: a gap in rlxviz's ops, not a model change
         out.append(Unrecognized(family, nodes, g[nodes[0]].path,
                                 f"{what} looks like {name} (nodes {', '.join(f'%{i}' for i in nodes)}), but no rule "

@@ -139,8 +139,9 @@ def _no_op_for_it(c: Ctx) -> Fail | None:
     if x.op == Op.ADD and any(g[i].op == Op.MATMUL for i in x.inputs) and owns_users(g, form):
         return QUIET  # the linear's epilogue refusal names it (`FusedMatMulBiasAct with a ... epilogue`)
     return Fail("guard", "activation_op",
-                f"{form.describe()} is an activation written as primitives: rlxviz has no op for it, and no fused op "
-                f"takes it (the epilogue allow-list is {', '.join(EPILOGUE_ACTIVATIONS)}), so it stays as primitives",
+                f"{form.describe()} is an activation written as primitives (its result {c.d('out')}): rlxviz has no "
+                f"op for it, and no fused op takes it (the epilogue allow-list is {', '.join(EPILOGUE_ACTIVATIONS)}), "
+                "so it stays as primitives",
                 form.nodes, tuple((form.x, i) for i in form.nodes if form.x in g[i].inputs), OP_GAP_HINT,
                 subject=form.out, kind=NOT_RECOGNIZED, remedy=COMPILER_ONLY, fix=op_fix(form))
 
