@@ -150,7 +150,8 @@ ACTIVATION_OP = Rule(
     "canonicalize_exported.activation_op", P(Op.MUL, P.var("a"), P.var("b"), name="out"),
     steps=(_no_op_for_it,), result="out", absorb=("out",), rewrite=lambda c, rw: c.id("out"),
     doc="x * sigmoid(k * x) with k != 1 (QuickGELU, Swish with beta k): no op computes it; named, not rewritten "
-        "(a gap in rlxviz's ops)")
+        "(a gap in rlxviz's ops)",
+    form="QuickGELU / Swish, named only")  # never said: the rule never matches (a layer names matched forms)
 
 RSQRT = Rule(
     "canonicalize_exported.rsqrt",
