@@ -139,7 +139,7 @@ def _no_op_for_it(c: Ctx) -> Fail | None:
     if x.op == Op.ADD and any(g[i].op == Op.MATMUL for i in x.inputs) and owns_users(g, form):
         return QUIET  # the linear's epilogue refusal names it (`FusedMatMulBiasAct with a ... epilogue`)
     return Fail("guard", "activation_op",
-                f"{form.describe()} is an activation written as primitives (its result {c.d('out')}): rlxviz has no "
+                f"{form.describe()} is an activation written as primitives, ending at {c.d('out')}: rlxviz has no "
                 f"op for it, and no fused op takes it (the epilogue allow-list is {', '.join(EPILOGUE_ACTIVATIONS)}), "
                 "so it stays as primitives",
                 form.nodes, tuple((form.x, i) for i in form.nodes if form.x in g[i].inputs), OP_GAP_HINT,
@@ -149,6 +149,7 @@ def _no_op_for_it(c: Ctx) -> Fail | None:
 ACTIVATION_OP = Rule(
     "canonicalize_exported.activation_op", P(Op.MUL, P.var("a"), P.var("b"), name="out"),
     steps=(_no_op_for_it,), result="out", absorb=("out",), rewrite=lambda c, rw: c.id("out"),
+    labels={"out": "the outer product"},
     doc="x * sigmoid(k * x) with k != 1 (QuickGELU, Swish with beta k): no op computes it; named, not rewritten "
         "(a gap in rlxviz's ops)",
     form="QuickGELU / Swish, named only")  # never said: the rule never matches (a layer names matched forms)
