@@ -993,6 +993,19 @@ NEAR_MISSES += [
 ]
 
 
+def _quick_gelu_alone():
+    """QuickGELU `x * sigmoid(1.702 x)` on a value no linear's bias add makes (gpt-oss's clamped gate): no op
+    computes it (the subject: its result, the outer product)."""
+    b = Builder("quick_gelu_alone")
+    x = b.minimum(b.input("x", (4, 8)), 7.0)
+    out = b.mul(x, b.sigmoid(b.mul(x, 1.702)))
+    b.output(out)
+    return b.build(), {"out": int(out)}
+
+
+NEAR_MISSES += [("canonicalize_exported.activation_op", "activation_op", _quick_gelu_alone, "out", {})]
+
+
 
 
 def _bias_then_mask(fill: float = float(np.finfo(np.float32).min), dtype: str = "f32", mask_dtype: str = "f32"):

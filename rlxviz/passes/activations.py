@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 from ..ir import Graph, Node, Op
 from .pattern import const_value, is_const
+from .refusal_kinds import NOTHING_TO_CHANGE
 
 SQUARED_RELU = "squared ReLU"
 """`ActivationForm.name` of `relu(x)^2`."""
@@ -138,4 +139,30 @@ def owns_users(g: Graph, f: ActivationForm) -> bool:
     return all(u.id in inside for i in (f.x, *inner) for u in g.users(i)) and not any(g.is_output(i) for i in inner)
 
 
-__all__ = ["QUICK_GELU_BETA", "SQUARED_RELU", "ActivationForm", "activation_form", "activation_of", "owns_users"]
+HAS_OP = ("SiLU", SQUARED_RELU)
+"""The forms an IR op computes (`silu`, `relu2`: `canonicalize_exported` rewrites them to it); every other form has no
+op in rlxviz (`has_op`)."""
+
+
+def has_op(f: ActivationForm) -> bool:
+    """Whether an IR op computes the form `f` (`HAS_OP`): False for QuickGELU and Swish with another beta, which stay
+    as primitives that no fused op takes."""
+    return f.name in HAS_OP
+
+
+def op_fix(f: ActivationForm) -> str:
+    """The compiler fix of a form no op computes (`has_op` False): `a QuickGELU op (x * sigmoid(1.702 * x)); then
+    FusedMatMulBiasAct takes it as an epilogue once the allow-list has it`. Its first clause, up to `; `, is the op form
+    rlxviz lacks (`why.policy.fix_gap_form`: `QuickGELU op`)."""
+    return (f"a {f.name} op ({f.formula}); then FusedMatMulBiasAct takes it as an epilogue once the allow-list has "
+            "it")
+
+
+OP_GAP_HINT = (f"{NOTHING_TO_CHANGE}: keep the model's activation (another activation changes what it "
+               "computes); the fix is in the compiler")
+"""The fix line in the model of an activation form no op computes: a statement, not a change (its refusal's remedy is
+`compiler only`)."""
+
+
+__all__ = ["HAS_OP", "OP_GAP_HINT", "QUICK_GELU_BETA", "SQUARED_RELU", "ActivationForm", "activation_form",
+           "activation_of", "has_op", "op_fix", "owns_users"]

@@ -13,7 +13,9 @@ matched or rejected (no `Match`/`Rejection` binds, anchors or names any of them)
   halves of one width). An activation broadcast over the other operand (Qwen2-MoE's shared-expert gate
   `sigmoid(x @ w_g)` `[B, S, 1]` times the expert's `[B, S, H]` output) scales a whole output and is no GLU;
 * `activation`: an activation written as primitives (`activations.activation_form`: QuickGELU
-  `x * sigmoid(1.702 x)`, Swish, squared ReLU), never mistaken for a gate;
+  `x * sigmoid(1.702 x)`, Swish, squared ReLU), never mistaken for a gate. One that no op computes
+  (`activations.has_op`) is a gap in rlxviz's ops, as `canonicalize_exported.activation_op` names it where it runs:
+  its finding says so (remedy `compiler only`, the fix `activations.op_fix`), so the verdict counts it as that gap;
 * `where_mask`: `where` feeding a softmax (a boolean attention mask);
 * `attention`: an attention softmax left as primitives (rank 4, or rank 3+ read as the left operand of `P @ V`:
   heads folded into the batch, `architecture.attention_softmax`).
@@ -25,9 +27,10 @@ from collections import deque
 from dataclasses import dataclass
 
 from ..ir import Graph, Node, Op
-from .activations import activation_form
+from .activations import OP_GAP_HINT, activation_form, has_op, op_fix
 from .architecture import attention_softmax
 from .declarations import FAMILIES, FINDING, FINDING_QUANTIZATION
+from .refusal_kinds import COMPILER_ONLY, NOT_RECOGNIZED
 from .report import MissedFusion
 from .trace import Trace, place_label
 
@@ -45,7 +48,10 @@ class Unrecognized:
         nodes: the chain's node ids (the signature node first), in the scanned graph version.
         path: the first node's model path.
         reason: one line naming the nodes and what they look like.
-        hint: how to make a rule see it.
+        hint: how to make a rule see it (for an activation no op computes: that the model has nothing to change).
+        remedy: `refusal_kinds.COMPILER_ONLY` for an activation no op computes (no change to the model keeps its
+            numbers: a gap in rlxviz's ops), else "".
+        fix: the compiler fix when `remedy` says it is the only one (`activations.op_fix`), else "".
     """
 
     family: str
@@ -53,14 +59,18 @@ class Unrecognized:
     path: str
     reason: str
     hint: str
+    remedy: str = ""
+    fix: str = ""
 
     def __str__(self) -> str:
         where = place_label(self.nodes[0], self.path, with_node=True)
         return f"{FINDING}.{self.family} @ {where}: {GUARD}: {self.reason}"
 
     def as_missed(self) -> MissedFusion:
-        """The finding as a `MissedFusion` (pattern `unrecognized.<family>`, guard `no_rule`)."""
-        return MissedFusion(f"{FINDING}.{self.family}", self.nodes[0], self.path, GUARD, self.reason, self.hint)
+        """The finding as a `MissedFusion` (pattern `unrecognized.<family>`, guard `no_rule`, kind `not recognized`:
+        no rule takes this form)."""
+        return MissedFusion(f"{FINDING}.{self.family}", self.nodes[0], self.path, GUARD, self.reason, self.hint,
+                            NOT_RECOGNIZED, self.fix, remedy=self.remedy)
 
 
 def _forward(g: Graph, start: int, depth: int) -> list[int]:
@@ -82,7 +92,8 @@ def _const_operand(g: Graph, n: Node) -> bool:
 
 
 def _signatures(g: Graph) -> list[tuple[str, tuple[int, ...], str]]:
-    """`(family, nodes, what)` for every family signature in `g`."""
+    """`(family, nodes, what)` for every family signature in `g` (an `activation` signature's first node is its
+    form's result, `activations.ActivationForm.out`)."""
     found: list[tuple[str, tuple[int, ...], str]] = []
     for n in g:
         if n.op == Op.REDUCE_MEAN:
@@ -154,9 +165,12 @@ def unrecognized(trace: Trace) -> list[Unrecognized]:
             continue
         claimed |= set(nodes)
         name, hint = FAMILIES[family]
+        form = activation_form(g, g[nodes[0]]) if family == "activation" else None
+        gap = form is not None and not has_op(form)  # no op computes it: a gap in rlxviz's ops, not a model change
         out.append(Unrecognized(family, nodes, g[nodes[0]].path,
                                 f"{what} looks like {name} (nodes {', '.join(f'%{i}' for i in nodes)}), but no rule "
-                                f"made it a candidate", hint))
+                                f"made it a candidate", OP_GAP_HINT if gap else hint,
+                                COMPILER_ONLY if gap else "", op_fix(form) if gap and form is not None else ""))
     return out
 
 

@@ -12,6 +12,10 @@ no match record, no near-miss, nothing to toggle) is a rule here, at the head of
   exponent 2) and on MLX's CPU (`powf` of an exact square, representable before rounding, rounds it as the
   product does). Only a square of x's dtype and shape (a `[1]` exponent that would broadcast a scalar, or a
   wider exponent dtype, is no record); a relu read by anything else stays (`absorbed_escape`).
+* `canonicalize_exported.activation_op`: `x * sigmoid(k * x)` with `k != 1` (QuickGELU `k = 1.702`, Swish with beta
+  k; `activations.activation_form`), which no IR op computes: named, never rewritten (guard `activation_op`, not
+  recognized, remedy compiler only: a gap in rlxviz's ops, the compiler fix an op for it). A linear's own activation
+  is left to `fuse_matmul_bias_act`'s `epilogue_activation`, which names the same gap as its epilogue.
 * `canonicalize_exported.rsqrt`: `1 / sqrt(y)` (torch.onnx writes `torch.rsqrt` as Reciprocal(Sqrt)) ->
   `rsqrt(y)`. Exact on the reference (its rsqrt is `1 / sqrt`); MLX's rsqrt kernel may round the last bit
   differently (within every tolerance of `runtime.precision`).
@@ -52,8 +56,8 @@ K's scale next to its head split, bit-exact, and `fuse_sdpa` folds both pre-scal
   matmul (T5: a relative position bias, then the padding mask) -> `s + (bias + where(keep, 0, min))`, one additive
   score term the attention takes as its operand. Exact where kept (`+ 0`); where masked, both sides round to `min`
   for |s|, |bias| < 2^103 (min's ulp is 2^104). Guards as `where_bias` (`bias_fills`, `fill_absorbs`: here illegal,
-  f16's sums round otherwise when reassociated, `scores_f32`); only a sum
-  with a score-matmul operand is this form (anything else: no record). `where_bias` leaves such a sum to it.
+  f16's sums round otherwise when reassociated, `scores_f32`); only a sum with a score-matmul operand is this form
+  (anything else: no record). `where_bias` leaves such a sum to it.
 * `canonicalize_exported.bias_then_table_mask`: `(s + a) + b` (either order at both adds) with `s` a (scaled) score
   matmul and one of the terms a mask table folded at import (a param or const whose values the graph carries, every
   entry 0 or a saturating fill: f32's min or -inf; T5's decoder: its relative position bias, then the causal mask
@@ -86,10 +90,11 @@ import math
 
 from ...ir import DType, Graph, Node, Op, Rewriter
 from ...ir.infer import broadcast
-from ..activations import SQUARED_RELU, activation_form
+from ..activations import OP_GAP_HINT, SQUARED_RELU, activation_form, has_op, op_fix, owns_users
 from ..engine import rule_pass
-from ..guard import ILLEGAL, MODEL_TERM, NOT_RECOGNIZED, NOTHING_TO_CHANGE, Ctx, guard
+from ..guard import EPILOGUE_ACTIVATIONS, ILLEGAL, MODEL_TERM, NOT_RECOGNIZED, NOTHING_TO_CHANGE, Ctx, guard
 from ..pattern import P, const_value, is_const
+from ..refusal_kinds import COMPILER_ONLY
 from ..rule import QUIET, Fail, Rule, reports
 from .table_mask import BIAS_THEN_TABLE_MASK, LOWEST, const_entries, is_score_matmul
 
@@ -125,6 +130,36 @@ RELU2 = Rule(
     steps=(_squared,), result="sq", absorb=("relu", "sq"),
     build=lambda c: (Op.RELU2, [c.id("x")], {}),
     doc="relu(x) * relu(x) or pow(relu(x), 2) -> relu2(x)", form="relu2")
+
+
+@reports("activation_op", reads=("out",))
+def _no_op_for_it(c: Ctx) -> Fail | None:
+    """An activation written as primitives that no IR op computes (`activations.has_op`: QuickGELU, Swish with a
+    beta other than 1) is a gap in rlxviz's ops: named here, never rewritten (quiet for any other product, for the
+    forms `silu` / `relu2` take, and for a linear's activation, which `fuse_matmul_bias_act`'s `epilogue_activation`
+    names as the same gap)."""
+    g = c.graph
+    form = activation_form(g, c["out"])
+    if form is None or has_op(form):
+        return QUIET
+    x = g[form.x]
+    if x.op == Op.ADD and any(g[i].op == Op.MATMUL for i in x.inputs) and owns_users(g, form):
+        return QUIET  # the linear's epilogue refusal names it (`FusedMatMulBiasAct with a ... epilogue`)
+    return Fail("guard", "activation_op",
+                f"{form.describe()} is an activation written as primitives, ending at {c.d('out')}: rlxviz has no "
+                f"op for it, and no fused op takes it (the epilogue allow-list is {', '.join(EPILOGUE_ACTIVATIONS)}), "
+                "so it stays as primitives",
+                form.nodes, tuple((form.x, i) for i in form.nodes if form.x in g[i].inputs), OP_GAP_HINT,
+                subject=form.out, kind=NOT_RECOGNIZED, remedy=COMPILER_ONLY, fix=op_fix(form))
+
+
+ACTIVATION_OP = Rule(
+    "canonicalize_exported.activation_op", P(Op.MUL, P.var("a"), P.var("b"), name="out"),
+    steps=(_no_op_for_it,), result="out", absorb=("out",), rewrite=lambda c, rw: c.id("out"),
+    labels={"out": "the outer product"},
+    doc="x * sigmoid(k * x) with k != 1 (QuickGELU, Swish with beta k): no op computes it; named, not rewritten "
+        "(a gap in rlxviz's ops)",
+    form="QuickGELU / Swish, named only")  # never said: the rule never matches (a layer names matched forms)
 
 RSQRT = Rule(
     "canonicalize_exported.rsqrt",
@@ -547,14 +582,14 @@ UNIT_AXIS_ONE_HEAD = Rule(
 
 
 canonicalize_exported = rule_pass(
-    "canonicalize_exported", [SILU, RELU2, RSQRT, WHERE_BIAS, NAN_GUARD, NAN_GUARD_MOVED, FOLDED_TRANSPOSE,
-                              BIAS_THEN_MASK, BIAS_THEN_TABLE_MASK, INVERTED_WHERE, NOOP_CAST, UNIT_AXIS_HEAD_SPLIT,
-                              UNIT_AXIS_ONE_HEAD],
+    "canonicalize_exported", [SILU, RELU2, ACTIVATION_OP, RSQRT, WHERE_BIAS, NAN_GUARD, NAN_GUARD_MOVED,
+                              FOLDED_TRANSPOSE, BIAS_THEN_MASK, BIAS_THEN_TABLE_MASK, INVERTED_WHERE, NOOP_CAST,
+                              UNIT_AXIS_HEAD_SPLIT, UNIT_AXIS_ONE_HEAD],
     "forms exporters write (x*sigmoid(x), relu(x)^2, 1/sqrt, the padding-mask sum, the sdpa NaN guard, its folded "
     "transpose, T5's bias then mask, an inverted where, no-op casts) -> the IR's ops",
     product="the exporter's forms as IR ops",  # a layer's list adds the forms rewritten there (`Rule.form`)
     recognizes_families=("where_mask", "activation"))
 
-__all__ = ["BIAS_THEN_MASK", "BIAS_THEN_TABLE_MASK",
+__all__ = ["ACTIVATION_OP", "BIAS_THEN_MASK", "BIAS_THEN_TABLE_MASK",
            "FOLDED_TRANSPOSE", "INVERTED_WHERE", "NAN_GUARD", "NAN_GUARD_MOVED", "NOOP_CAST", "RELU2",
            "RSQRT", "SILU", "UNIT_AXIS_HEAD_SPLIT", "UNIT_AXIS_ONE_HEAD", "WHERE_BIAS", "canonicalize_exported"]

@@ -327,17 +327,19 @@ def op_gaps(arch: LayerKind, pass_name: str, guard: str, refusal: Remedied | Non
     scale (esm.qdyn: the scale applied to Q before RoPE, the form `Guard.lacking_fix` names for that refusal's fix). A
     third is the `refusal`'s own fixes: no change to the model that keeps its numbers, a compiler
     fix (`compiler_fix_only`), where nothing declared excuses it: the form its compiler fix names (`_own_gap`). The
-    layer is fused only as far as rlxviz's ops go (`LayerVerdict.op_gaps`)."""
+    layer is fused only as far as rlxviz's ops go (`LayerVerdict.op_gaps`). An unrecognized finding (`FINDING`, no
+    pass) has only the third: an activation no op computes (`passes.unrecognized`) names its op form so."""
+    return [f for f, _ in _all_gaps(arch, pass_name, guard, refusal)]
+
+
+def _all_gaps(arch: LayerKind, pass_name: str, guard: str, refusal: Remedied | None) -> list[tuple[str, str]]:
+    """`_gaps`, else the refusal's own gap (`_own_gap`) where nothing the pass or the guard declares excuses it (for
+    a name no registered pass has, an unrecognized finding's `FINDING`, the own gap alone)."""
     p = PASSES.get(pass_name)
-    return [] if p is None else [f for f, _ in _all_gaps(arch, p, guard, refusal)]
-
-
-def _all_gaps(arch: LayerKind, p: Pass, guard: str, refusal: Remedied | None) -> list[tuple[str, str]]:
-    """`_gaps`, else the refusal's own gap (`_own_gap`) where nothing the pass or the guard declares excuses it."""
-    gaps = _gaps(arch, p, guard, refusal)
-    if gaps or _declared(arch, p.name, guard, refusal) is not None:
+    gaps = _gaps(arch, p, guard, refusal) if p is not None else []
+    if gaps or _declared(arch, pass_name, guard, refusal) is not None:
         return gaps
-    own = _own_gap(p.name, guard, refusal)
+    own = _own_gap(pass_name, guard, refusal)
     return [own] if own is not None else []
 
 
@@ -356,10 +358,8 @@ def _gap_traits(arch: LayerKind, pass_name: str, guard: str, refusal: Remedied |
     """`(op form, trait)` of each of `op_gaps`: the layer trait under which the pass makes no product at all
     (`Pass.lacks`), "" for a guard's own gap or the refusal's own."""
     p = PASSES.get(pass_name)
-    if p is None:
-        return []
-    traits = {form: t for t, form, _ in p.lacks if arch.has(t)}
-    return [(f, traits.get(f, "")) for f, _ in _all_gaps(arch, p, guard, refusal)]
+    traits = {form: t for t, form, _ in p.lacks if arch.has(t)} if p is not None else {}
+    return [(f, traits.get(f, "")) for f, _ in _all_gaps(arch, pass_name, guard, refusal)]
 
 
 def gap_names(arch: LayerKind, pass_name: str, guard: str, refusal: Remedied | None = None
