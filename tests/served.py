@@ -143,10 +143,19 @@ def pane_text(loc) -> str:
 
 
 def open_tab(pg: Page, name: str) -> None:
-    """Open tab `name` and wait until the browser shows it active (a click during a server update is not lost)."""
+    """Open tab `name` and wait until the browser shows it active. A click that a server update overrode (CI, a loaded
+    2-core machine: the tab stayed inactive for 60 s after one click) is clicked again, up to 3 times in all."""
     tab = pg.locator(".bk-tab", has_text=name)
+    active = re.compile(r"\bbk-active\b")
+    for _ in range(2):
+        tab.click()
+        try:
+            expect(tab).to_have_class(active, timeout=15_000)
+            return
+        except AssertionError:
+            continue
     tab.click()
-    expect(tab).to_have_class(re.compile(r"\bbk-active\b"))
+    expect(tab).to_have_class(active)
 
 
 def open_sidebar(pg: Page) -> None:

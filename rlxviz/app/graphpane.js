@@ -100,16 +100,17 @@ export function render({ model, el }) {
         [[r[0], r[1], 3, r[3]], 8], [[r[0] + r[2] - 3, r[1], 3, r[3]], 8]];
       boxes.forEach((m, k) => { for (const [x, w] of parts) out[k] += overlap(m, x) * w; }); }
     return out; };
+  // a map in the lower left sits above the folded legend where any pane of the group has one: maps alike
   const placeMini = () => { const all = Object.values(covers[miniGroup()] || {});
-    const sum = CORNERS.map((_, k) => all.reduce((a, c) => a + c[k], 0));
+    const sum = CORNERS.map((_, k) => all.reduce((a, c) => a + c.px[k], 0));
     let best = 0; sum.forEach((v, k) => { if (v < sum[best] - 1) best = k; });
-    const c = CORNERS[best], ops = c === 'bl' && model.legend ? 28 : 0; mini.dataset.corner = c;
+    const c = CORNERS[best], ops = c === 'bl' && all.some((p) => p.legend) ? 28 : 0; mini.dataset.corner = c;
     Object.assign(mini.style, { left: c[1] === 'l' ? `${MINI_GAP}px` : 'auto', right: c[1] === 'r' ? `${MINI_GAP}px` : 'auto',
       top: c[0] === 't' ? `${MINI_GAP + capH()}px` : 'auto', bottom: c[0] === 'b' ? `${MINI_GAP + ops}px` : 'auto' }); };
   const onMiniBus = (e) => { if (e.detail.group === miniGroup()) placeMini(); };
   window.addEventListener(MINI_BUS, onMiniBus);
   let miniTimer = null;
-  const miniMeasure = () => { miniTimer = null; const g = miniGroup(); (covers[g] = covers[g] || {})[me] = coverage();
+  const miniMeasure = () => { miniTimer = null; const g = miniGroup(); (covers[g] = covers[g] || {})[me] = { px: coverage(), legend: !!model.legend };
     window.dispatchEvent(new CustomEvent(MINI_BUS, { detail: { group: g } })); };
   const miniLater = () => { if (miniTimer) clearTimeout(miniTimer); miniTimer = setTimeout(miniMeasure, MINI_REST_MS); };
   const miniGone = () => { if (miniTimer) clearTimeout(miniTimer); window.removeEventListener(MINI_BUS, onMiniBus);
