@@ -118,7 +118,7 @@ def user_origin(trace: Trace, node: int) -> tuple[str, tuple[int, ...]] | None:
     return rule, ids
 
 
-_NODE_REF = re.compile(r"\(node (\d+)(?=[,)])")
+_NODE_REF = re.compile(r"\(node (\d+)(?=[,)])(?!, made by )")  # a node named once (a line worded twice)
 
 
 def name_users_nodes(trace: Trace, text: str) -> str:

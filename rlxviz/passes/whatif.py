@@ -35,6 +35,7 @@ from .allow_list import allowing, epilogue_allowed
 from .engine import attempt
 from .guard import ILLEGAL, NO_MODEL_FIX, NOT_PROFITABLE, UNCHECKED_FIX, Ctx, Guard, live_nodes
 from .pipeline import PASSES, STAGES, Pipeline
+from .rerun_ids import in_shown_ids
 from .rule import Fail, Rule
 from .rules.scale_fold import folded_graph, scale_fold
 from .trace import PassStep, Rejection, Trace
@@ -537,14 +538,20 @@ def fix_alone_readers(trace: Trace, step: int, r: Rejection) -> tuple[int, ...]:
     return tuple(dict.fromkeys(b for a, b in f.edges if a == f.subject or f.subject is None))
 
 
-def still_refused(after: Trace, r: Rejection) -> Blocker | None:
+def still_refused(after: Trace, r: Rejection, shown: Trace | None = None) -> Blocker | None:
     """What refuses `r`'s rule in `r`'s layer of the what-if run `after` (its headline refusal at `r`'s anchor,
-    else the first in the layer), or None when nothing does (the rule fused, or never saw a candidate)."""
+    else the first in the layer), or None when nothing does (the rule fused, or never saw a candidate). With the
+    `shown` run, the message names nodes by their ids there (`rerun_ids.in_shown_ids`, at the same step)."""
     layer = r.layer
-    hits = [x for s in after.steps for x in s.rejections
+    hits = [(k, x) for k, s in enumerate(after.steps) for x in s.rejections
             if x.rule == r.rule and x.headline and not x.soft and x.layer == layer]
-    hit = next((x for x in hits if x.anchor == r.anchor), hits[0] if hits else None)
-    return None if hit is None else (hit.guard, hit.kind, hit.message)
+    k, hit = next(((k, x) for k, x in hits if x.anchor == r.anchor), hits[0] if hits else (0, None))
+    if hit is None:
+        return None
+    message = hit.message
+    if shown is not None and k < len(shown.steps) and shown.steps[k].pass_name == after.steps[k].pass_name:
+        message = in_shown_ids(message, after.steps[k].before, shown.steps[k].before)
+    return hit.guard, hit.kind, message
 
 
 def blocker_words(fixed: str, b: Blocker) -> str:

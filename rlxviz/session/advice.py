@@ -425,7 +425,7 @@ def _check_fix(trace: Trace, k: int, r: Rejection, checker: _Checker) -> FixChec
         return replace(base, status=CHANGES_NUMBERS, what=w.what, detail=why,
                        printed=NO_MODEL_FIX + f"applying it ({w.what}) {said}: {why}")
     if not fused_more(trace, after, r):
-        left = still_refused(after, r)  # what stands in the way then: the checked fix's result decides the words
+        left = still_refused(after, r, trace)  # what stands in the way then: the checked fix's result decides the words
         then = f": {_words(trace, k, r, left)}" if left is not None else ""
         return replace(base, status=NO_FUSION, what=w.what, detail=f"{r.rule} still does not fuse after {w.what}",
                        printed=NO_MODEL_FIX + f"applying it ({w.what}) does not make the fusion happen{then}")
