@@ -272,3 +272,11 @@ def test_the_fix_column_says_a_fix_not_the_message_again():
     k = row["step"]
     tips = {(r.rule, r.guard): r.hint for r in worded(s.trace, s.trace.steps[k])}
     assert tips[(row["rule"], row["guard"])] == row["hint"]
+
+
+def test_node_ids_are_written_as_ids_not_as_numbers_with_separators():
+    """Newcomer run 31: convbert.qdq's node and pos columns read `1,332` and `3,127` (a number column's default
+    format), where every other view writes `%1332` / `node 1332`."""
+    table = DecisionTable(state=tiny()).table
+    assert {c: table.formatters.get(c) for c in ("anchor", "position")} == {
+        "anchor": {"type": "plaintext"}, "position": {"type": "plaintext"}}

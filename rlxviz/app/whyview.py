@@ -62,6 +62,8 @@ view and no sign of the rest), and long names broken anywhere in their wrapped c
 
 
 COLUMN_TITLES = {"hint": "fix", "fix": "compiler fix", "position": "pos", "anchor": "node"}
+ID_FORMAT = {c: {"type": "plaintext"} for c in ("anchor", "position")}
+"""Node ids and positions as written (`1332`): a number column's default format read `1,332` (newcomer run 31)."""
 """Headers of the rows' `hint` and `fix` fields, as the Why tab and the inspector name the same texts ("fix:" in
 the model, "compiler fix:"): the table's "hint" held what the Why tab calls the fix, its "fix" the compiler fix.
 `position` and `anchor` are shortened to fit at 1280 px; their whole meaning is the header's tooltip
@@ -143,7 +145,7 @@ class DecisionTable(Viewer):
                             "pass": {"type": "input", "func": "like", "placeholder": "pass"},
                             "layer": LAYER_FILTERS[_filter_kind(self._rows)],
                             "guard": {"type": "input", "func": "like", "placeholder": "guard"}},
-            formatters={c: {"type": "textarea"} for c in WRAPPED}, widths=dict(COLUMN_WIDTHS),
+            formatters={**{c: {"type": "textarea"} for c in WRAPPED}, **ID_FORMAT}, widths=dict(COLUMN_WIDTHS),
             titles=dict(COLUMN_TITLES), header_tooltips=dict(HEADER_TIPS),
             configuration={"columns": [{"field": "layer", "sorter": LAYER_SORTER}]})
         self.table.on_click(self._clicked)
