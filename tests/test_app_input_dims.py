@@ -208,3 +208,16 @@ def test_the_app_says_which_array_beside_the_model_when_its_shapes_give_no_value
     back = pickle.loads(pickle.dumps(e.value))  # as `session.isolated` sends it from its child
     assert type(back) is UnboundDimsError and back.__dict__ == e.value.__dict__ and str(back) == str(e.value)
     assert str(e.value).endswith(f"m_io.npz beside the file holds 'x': --inputs {folder / 'm_io.npz'}"), str(e.value)
+
+
+def test_dims_that_break_a_fixed_shape_are_named_in_the_message(monkeypatch):
+    """Newcomer run 31: deit.optimum with `height=100000 width=100000` said only `ShapeError: shapes [1, 156250002,
+    32] and [1, 18, 32] do not broadcast at embeddings`, nothing of the dims typed. The message now names them."""
+    monkeypatch.setenv(ALLOWED_DIRS_ENV, str(DEIT.parent))
+    s = AppState(runner=Runner(background=False), preset="bert-tiny", seq=8)
+    s.param.update(checkpoint_dir=str(DEIT), source="checkpoint", dims="num_channels=3 height=64 width=64")
+    assert s.message_kind == "danger" and s.model.name == "bert-tiny", s.message
+    assert "ShapeError" in s.message and ("Input dims box sets num_channels=3 height=64 width=64: a shape that "
+                                          "follows from them does not fit the model's own fixed shapes") in s.message
+    s.dims = "num_channels=3 height=32 width=32"
+    assert s.model.name == "deit.optimum" and s.message_kind != "danger", s.message

@@ -140,7 +140,19 @@ def app_remedy(e: UnboundDimsError) -> str:
     return text
 
 
-def explain_error(e: Exception, source: str, preset: str, onnx: bool = False, text: str | None = None) -> str:
+def explain_error(e: Exception, source: str, preset: str, onnx: bool = False, text: str | None = None,
+                  dims: str = "") -> str:
+    """`_explained`, and where the Input dims box holds values (`dims`, `AppState.dims`) and an ONNX load failed on a
+    shape, a line that names them: deit.optimum with `height=100000 width=100000` said only `ShapeError: shapes [1,
+    156250002, 32] and [1, 18, 32] do not broadcast`, nothing of the dims typed (newcomer run 31)."""
+    message = _explained(e, source, preset, onnx, text)
+    if onnx and dims.strip() and "ShapeError" in f"{type(e).__name__}: {e}":
+        message += (f"\nThe sidebar's Input dims box sets {' '.join(dims.split())}: a shape that follows from them "
+                    "does not fit the model's own fixed shapes; change or clear them.")
+    return message
+
+
+def _explained(e: Exception, source: str, preset: str, onnx: bool = False, text: str | None = None) -> str:
     """An exception as a message with what to do, matched by its type. `onnx`: the path or upload is an ONNX file,
     named so ("the uploaded ONNX file"; a newcomer's bart-full.onnx was "the uploaded checkpoint").
 
