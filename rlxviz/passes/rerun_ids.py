@@ -3,9 +3,9 @@
 A what-if re-runs the pipeline on a changed model (`passes.whatif.what_if`); the nodes the passes make in that run get
 other ids than in the run the user sees. granite.optimum-past's fix line said "then kv_cache fails: K is concat (node
 287, ...)" where the shown graph's K concat is %282 and its %287 a reshape. `in_shown_ids` rewrites every `node N` and
-`%N` of such a message to the id of N's counterpart in the shown graph (the one node there of the same op, path, pass,
-shape and operands, compared three operands deep), and where there is none, or more than one, names it as the
-what-if run's node.
+`%N` of such a message to the id of N's counterpart in the shown graph (the node of that id when it is the same op,
+path, pass and shape, else the one node of the same op, path, pass, shape and operands, compared three operands deep),
+and where there is none, or more than one, names it as the what-if run's node.
 """
 
 from __future__ import annotations
@@ -31,12 +31,13 @@ def _key(g: Graph, i: int, depth: int = DEPTH) -> Hashable:
 
 
 def counterpart(rerun: Graph, i: int, shown: Graph) -> int | None:
-    """The id in `shown` of node `i` of `rerun`: the one node of equal `_key` (the same id first), else None."""
+    """The id in `shown` of node `i` of `rerun`: the same id where that node has the same op, path, pass, shape and
+    dtype, else the one node of equal `_key`, else None."""
     if i not in rerun:
         return None
+    if i in shown and _key(shown, i, 0) == _key(rerun, i, 0):
+        return i  # the same node where the what-if changed only what feeds it (albert's fc2 once fc1 takes gelu_tanh)
     key = _key(rerun, i)
-    if i in shown and _key(shown, i) == key:
-        return i
     hits = [n.id for n in shown if n.op == rerun[i].op and _key(shown, n.id) == key]
     return hits[0] if len(hits) == 1 else None
 

@@ -372,8 +372,7 @@ def _allowed_attempt(trace: Trace, step: int, r: Rejection, name: str) -> Attemp
     rule = _rule(s.pass_name, r.rule)
     if rule is None:
         return None
-    hits = [x for x in s.rejections if x.rule == r.rule and x.headline and not x.soft and x.layer == r.layer]
-    hit = next((x for x in hits if x.anchor == r.anchor), hits[0] if hits else None)
+    _, hit = _layer_refusal([(step, x) for x in s.rejections], r) or (step, None)
     if hit is None:
         fused = any(m.rule == r.rule and m.layer == r.layer for m in s.matches)
         return (rule, Ctx(s.after, {}), [], [], True) if fused else None
@@ -385,7 +384,9 @@ def _allowed_attempt(trace: Trace, step: int, r: Rejection, name: str) -> Attemp
     except Exception:  # noqa: BLE001 - a step that raises: nothing is known of what follows
         return None
     kept = [f for f in fails if not f.quiet]
-    left = [(f.guard, f.kind, f.message) for f in kept] or [(hit.guard, hit.kind, hit.message)]
+    shown = trace.steps[step].before  # the re-run's ids said as the graph `r`'s pass saw has them
+    left = [(g, k, in_shown_ids(m, s.before, shown))
+            for g, k, m in [(f.guard, f.kind, f.message) for f in kept] or [(hit.guard, hit.kind, hit.message)]]
     return rule, ctx, left, kept, True
 
 
@@ -538,16 +539,21 @@ def fix_alone_readers(trace: Trace, step: int, r: Rejection) -> tuple[int, ...]:
     return tuple(dict.fromkeys(b for a, b in f.edges if a == f.subject or f.subject is None))
 
 
+def _layer_refusal(found: list[tuple[int, Rejection]], r: Rejection) -> tuple[int, Rejection] | None:
+    """Of `(step, rejection)` pairs, the first headline hard refusal of `r`'s rule in `r`'s layer at `r`'s anchor,
+    else the first in that layer; None when there is none."""
+    hits = [(k, x) for k, x in found if x.rule == r.rule and x.headline and not x.soft and x.layer == r.layer]
+    return next(((k, x) for k, x in hits if x.anchor == r.anchor), hits[0] if hits else None)
+
+
 def still_refused(after: Trace, r: Rejection, shown: Trace | None = None) -> Blocker | None:
     """What refuses `r`'s rule in `r`'s layer of the what-if run `after` (its headline refusal at `r`'s anchor,
     else the first in the layer), or None when nothing does (the rule fused, or never saw a candidate). With the
     `shown` run, the message names nodes by their ids there (`rerun_ids.in_shown_ids`, at the same step)."""
-    layer = r.layer
-    hits = [(k, x) for k, s in enumerate(after.steps) for x in s.rejections
-            if x.rule == r.rule and x.headline and not x.soft and x.layer == layer]
-    k, hit = next(((k, x) for k, x in hits if x.anchor == r.anchor), hits[0] if hits else (0, None))
-    if hit is None:
+    found = _layer_refusal([(k, x) for k, s in enumerate(after.steps) for x in s.rejections], r)
+    if found is None:
         return None
+    k, hit = found
     message = hit.message
     if shown is not None and k < len(shown.steps) and shown.steps[k].pass_name == after.steps[k].pass_name:
         message = in_shown_ids(message, after.steps[k].before, shown.steps[k].before)
