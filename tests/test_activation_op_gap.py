@@ -156,3 +156,43 @@ def test_gpt_oss_experts_quick_gelu_is_a_gap_everywhere(capsys):
     assert "rlxviz's ops lack: QuickGELU op (canonicalize_exported.activation_op: activation_op)" in out
     assert f"{RULE}: {GUARD} (guard, not recognized; △ gap in rlxviz's ops)" in cli_run(
         capsys, "explain", path, "-v")[1]
+
+
+EPILOGUE = "then FusedMatMulBiasAct takes it as an epilogue"
+BARE_FC1 = """graph bare_fc1_quick_gelu {
+  %0 = input {name="x"} : f32[4, 16]
+  %1 = param {name="up.weight"} : f32[16, 32] @model.layers.0.mlp
+  %2 = matmul(%0, %1) : f32[4, 32] @model.layers.0.mlp
+  %3 = const {value=1.702} : f32[] @model.layers.0.mlp
+  %4 = mul(%2, %3) : f32[4, 32] @model.layers.0.mlp
+  %5 = sigmoid(%4) : f32[4, 32] @model.layers.0.mlp
+  %6 = mul(%2, %5) : f32[4, 32] @model.layers.0.mlp
+  %7 = param {name="down.weight"} : f32[32, 16] @model.layers.0.mlp
+  %8 = matmul(%6, %7) : f32[4, 16] @model.layers.0.mlp
+  return %8
+}"""
+
+
+def test_the_fix_names_the_epilogue_only_where_a_linear_feeds_the_activation():
+    """gpt-oss (newcomer finding): QuickGELU on `clamp(slice(gate))` had the compiler fix "then FusedMatMulBiasAct takes
+    it as an epilogue", but no linear's output feeds it, so no epilogue could take it: the fix names the op alone and
+    the message says why no fused op takes it. A bias-less FC1's QuickGELU (`act(x @ w)`, `zero_bias_act`'s form)
+    keeps the epilogue clause; a linear whose matmul is also a graph output (no fusion takes it) does not."""
+    t = Pipeline.canonical().run(parse_ir(expert("quick_gelu")))
+    (r,) = [r for s in t.steps for r in s.rejections if r.rule == RULE]
+    assert r.fix == "a QuickGELU op (x * sigmoid(1.702 * x))", r.fix
+    assert "its input, min (node 3, model.layers.0.mlp.experts), is no linear's output" in r.message
+    assert "allow-list" not in r.message
+    bare = BARE_FC1
+    t = Pipeline.canonical().run(parse_ir(bare))
+    (r,) = [r for s in t.steps for r in s.rejections if r.rule == RULE]
+    assert r.fix.endswith(EPILOGUE + " once the allow-list has it") and "allow-list is gelu" in r.message
+    (u,) = unrecognized(Pipeline.canonical().run(parse_ir(RESIDUAL)))
+    assert u.fix == "a QuickGELU op (x * sigmoid(1.702 * x))", u.fix
+
+
+def test_gpt_oss_names_the_product_and_no_epilogue(capsys):
+    out = cli_run(capsys, "explain", ZOO / "gpt-oss.dynamo-eager.onnx", "-v")[1]
+    assert "outer product" not in out and EPILOGUE not in out
+    assert "ending at the product x * sigmoid(k x) (node 140, model.layers.0.mlp.experts)" in out
+    assert "compiler fix: a QuickGELU op (x * sigmoid(1.702 * x))\n" in out

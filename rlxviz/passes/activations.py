@@ -12,7 +12,7 @@ Forms (each exact: recognized only when it computes that function of `x`, elemen
 * swish family `x * sigmoid(k * x)` (operands of both products in either order; `k * x` also as `x / c`,
   `k = 1/c`), `k` a scalar constant: `k == 1` SiLU, `k == 1.702` (to 1e-6 relative) QuickGELU (CLIP,
   `quick_gelu`), any other `k` Swish with that beta. The same node `x` must be read by the sigmoid's argument and
-  by the outer product; a different node there is a gate (GLU), not this family.
+  by the elementwise product `x * sigmoid(k x)`; a different node there is a gate (GLU), not this family.
 * squared ReLU `relu(x) * relu(x)` (one relu node read twice) or `pow(relu(x), 2)` (Primer).
 
 `SiLU` as `x * sigmoid(x)` is also rewritten to `silu` by `canonicalize_exported.silu`, squared ReLU to `relu2`
@@ -25,7 +25,7 @@ import math
 from dataclasses import dataclass
 
 from ..ir import Graph, Node, Op
-from .pattern import const_value, is_const
+from .pattern import const_value, describe, is_const
 from .refusal_kinds import NOTHING_TO_CHANGE
 
 SQUARED_RELU = "squared ReLU"
@@ -42,7 +42,7 @@ class ActivationForm:
         name: `QuickGELU`, `SiLU`, `Swish (beta=k)` or `squared ReLU`.
         formula: the function, e.g. `x * sigmoid(1.702 * x)`.
         x: the node id of the activation's input.
-        out: the node id of its result (the outer product).
+        out: the node id of its result (the elementwise product `x * sigmoid(k x)`, or the square).
         nodes: every node of the form (computed from `x`), `out` last.
     """
 
@@ -150,12 +150,36 @@ def has_op(f: ActivationForm) -> bool:
     return f.name in HAS_OP
 
 
-def op_fix(f: ActivationForm) -> str:
+def epilogue_blocker(g: Graph, f: ActivationForm) -> str:
+    """Why `FusedMatMulBiasAct`'s patterns could not take the form `f` as its epilogue even with an op for it ("" when
+    they could): its input `x` must be a linear's output, `x @ w + bias` (`fuse_matmul_bias_act.bias_act`: the
+    matmul read by that add alone, a bias of shape `[]`, `[1]` or `[N]`) or a bare `x @ w` (`.zero_bias_act`), and
+    the form must be all that reads `x` (`owns_users`), none of them a graph output. E.g. gpt-oss's experts apply
+    QuickGELU to `clamp(slice(gate))`: `its input, min (node 129, ...), is no linear's output x @ w + bias or
+    x @ w`."""
+    x = g[f.x]
+    mm = next((g[i] for i in x.inputs if g[i].op == Op.MATMUL), None) if x.op == Op.ADD else None
+    if x.op != Op.MATMUL and mm is None:
+        return f"its input, {describe(x)}, is no linear's output x @ w + bias or x @ w"
+    if mm is not None:
+        bias = g[next(i for i in x.inputs if i != mm.id)] if x.inputs.count(mm.id) == 1 else mm
+        if bias.shape not in ((), (1,), (mm.shape[-1],)):
+            return f"its input, {describe(x)}, adds a term of shape {list(bias.shape)} to a matmul, not a bias"
+        if len(g.users(mm.id)) != 1 or g.is_output(mm.id):
+            return f"its input's matmul, {describe(mm)}, is read outside the linear too"
+    if g.is_output(x.id) or not owns_users(g, f):
+        return f"its input, {describe(x)}, is read outside the activation too"
+    return ""
+
+
+def op_fix(f: ActivationForm, blocker: str = "") -> str:
     """The compiler fix of a form no op computes (`has_op` False): `a QuickGELU op (x * sigmoid(1.702 * x)); then
-    FusedMatMulBiasAct takes it as an epilogue once the allow-list has it`. Its first clause, up to `; `, is the op form
-    rlxviz lacks (`why.policy.fix_gap_form`: `QuickGELU op`)."""
-    return (f"a {f.name} op ({f.formula}); then FusedMatMulBiasAct takes it as an epilogue once the allow-list has "
-            "it")
+    FusedMatMulBiasAct takes it as an epilogue once the allow-list has it` when its input is a linear's output
+    FusedMatMulBiasAct could take it from (`blocker` "", see `epilogue_blocker`), else the op alone: `a QuickGELU op
+    (x * sigmoid(1.702 * x))`. Its first clause, up to `; `, is the op form rlxviz lacks (`why.policy.fix_gap_form`:
+    `QuickGELU op`)."""
+    op = f"a {f.name} op ({f.formula})"
+    return op if blocker else f"{op}; then FusedMatMulBiasAct takes it as an epilogue once the allow-list has it"
 
 
 OP_GAP_HINT = (f"{NOTHING_TO_CHANGE}: keep the model's activation (another activation changes what it "
@@ -165,4 +189,4 @@ OP_GAP_HINT = (f"{NOTHING_TO_CHANGE}: keep the model's activation (another activ
 
 
 __all__ = ["HAS_OP", "OP_GAP_HINT", "QUICK_GELU_BETA", "SQUARED_RELU", "ActivationForm", "activation_form",
-           "activation_of", "has_op", "op_fix", "owns_users"]
+           "activation_of", "epilogue_blocker", "has_op", "op_fix", "owns_users"]

@@ -27,7 +27,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from ..ir import Graph, Node, Op
-from .activations import OP_GAP_HINT, activation_form, has_op, op_fix
+from .activations import OP_GAP_HINT, activation_form, epilogue_blocker, has_op, op_fix
 from .architecture import attention_softmax
 from .declarations import FAMILIES, FINDING, FINDING_QUANTIZATION
 from .refusal_kinds import COMPILER_ONLY, NOT_RECOGNIZED
@@ -170,7 +170,8 @@ def unrecognized(trace: Trace) -> list[Unrecognized]:
         out.append(Unrecognized(family, nodes, g[nodes[0]].path,
                                 f"{what} looks like {name} (nodes {', '.join(f'%{i}' for i in nodes)}), but no rule "
                                 f"made it a candidate", OP_GAP_HINT if gap else hint,
-                                COMPILER_ONLY if gap else "", op_fix(form) if gap and form is not None else ""))
+                                COMPILER_ONLY if gap else "",
+                                op_fix(form, epilogue_blocker(g, form)) if gap and form is not None else ""))
     return out
 
 

@@ -90,7 +90,7 @@ import math
 
 from ...ir import DType, Graph, Node, Op, Rewriter
 from ...ir.infer import broadcast
-from ..activations import OP_GAP_HINT, SQUARED_RELU, activation_form, has_op, op_fix, owns_users
+from ..activations import OP_GAP_HINT, SQUARED_RELU, activation_form, epilogue_blocker, has_op, op_fix, owns_users
 from ..engine import rule_pass
 from ..guard import EPILOGUE_ACTIVATIONS, ILLEGAL, MODEL_TERM, NOT_RECOGNIZED, NOTHING_TO_CHANGE, Ctx, guard
 from ..pattern import P, const_value, is_const
@@ -145,18 +145,18 @@ def _no_op_for_it(c: Ctx) -> Fail | None:
     x = g[form.x]
     if x.op == Op.ADD and any(g[i].op == Op.MATMUL for i in x.inputs) and owns_users(g, form):
         return QUIET  # the linear's epilogue refusal names it (`FusedMatMulBiasAct with a ... epilogue`)
+    why = (blocker := epilogue_blocker(g, form)) or f"the epilogue allow-list is {', '.join(EPILOGUE_ACTIVATIONS)}"
     return Fail("guard", "activation_op",
                 f"{form.describe()} is an activation written as primitives, ending at {c.d('out')}: rlxviz has no "
-                f"op for it, and no fused op takes it (the epilogue allow-list is {', '.join(EPILOGUE_ACTIVATIONS)}), "
-                "so it stays as primitives",
+                f"op for it, and no fused op takes it: {why}, so it stays as primitives",
                 form.nodes, tuple((form.x, i) for i in form.nodes if form.x in g[i].inputs), OP_GAP_HINT,
-                subject=form.out, kind=NOT_RECOGNIZED, remedy=COMPILER_ONLY, fix=op_fix(form))
+                subject=form.out, kind=NOT_RECOGNIZED, remedy=COMPILER_ONLY, fix=op_fix(form, blocker))
 
 
 ACTIVATION_OP = Rule(
     "canonicalize_exported.activation_op", P(Op.MUL, P.var("a"), P.var("b"), name="out"),
     steps=(_no_op_for_it,), result="out", absorb=("out",), rewrite=lambda c, rw: c.id("out"),
-    labels={"out": "the outer product"},
+    labels={"out": "the product x * sigmoid(k x)"},
     doc="x * sigmoid(k * x) with k != 1 (QuickGELU, Swish with beta k): no op computes it; named, not rewritten "
         "(a gap in rlxviz's ops)",
     form="QuickGELU / Swish, named only")  # never said: the rule never matches (a layer names matched forms)
