@@ -271,3 +271,18 @@ def test_a_host_node_is_drawn_and_inspected_by_its_onnx_op_and_name_never_its_bl
         size = len(base64.b64decode(n.attrs["node"]))
         assert n.attrs["node"][:24] not in text and f"ONNX node, {size:,} bytes" in text, text
     assert "Conv node_conv1d" in dot
+
+
+def test_a_two_output_host_node_is_counted_once(tmp_path, capsys):
+    """gpt-oss (newcomer finding): "12 node(s) ... ran on the host" counted each router TopK twice, once per output
+    (values and indices are two IR nodes over one ONNX node). The line counts ONNX nodes and names the outputs."""
+    from rlxviz.session import describe_host
+
+    m = load_onnx(_router_model(tmp_path, "topk"))
+    a, b = [n.id for n in m.graph if n.op == Op.ONNX_OP]
+    assert describe_host(m.graph) == (f"1 node(s) the IR has no op for ran on the host (ONNX Runtime): "
+                                      f"%{a} TopK 'router_topk' (outputs %{a}, %{b})")
+    code, out, _ = run(capsys, "explain", Path(__file__).parent / "fixtures" / "onnx" / "zoo" /
+                       "gpt-oss.dynamo-eager.onnx")
+    assert "10 node(s) the IR has no op for ran on the host" in out and "%106 TopK 'node_topk__1' (outputs %106, " \
+                                                                       "%107)" in out, out

@@ -411,3 +411,19 @@ def test_an_onnx_reference_error_reaches_the_caller_in_one_line(monkeypatch):
     attrs = {"node": _hardmax(name="bad_ref"), "op_type": "Hardmax", "opset": 17, "shape": (2, 8), "dtype": "f64"}
     with pytest.raises(ValueError, match=r"failed \(RuntimeError: no such op here\)$"):
         host.evaluate(attrs, [np.ones((2, 8), np.float64)])
+
+
+def test_a_timeout_counts_a_two_output_node_once(monkeypatch):
+    """Lint checks a TopK's values and indices (two `onnx_op` nodes over one ONNX node) as two checks; a time-out
+    names that one node ("on this node"), not "this graph's 2 host nodes"."""
+    from rlxviz.ir import host_rules
+    from rlxviz.ir.dtype import DType
+
+    monkeypatch.setattr(host_rules, "LINT_SECONDS", 0.2)
+    monkeypatch.setattr(host_rules, "_problem", lambda *a: time.sleep(5))  # in the forked child: past its deadline
+    node = encode(helper.make_node("TopK", ["x", "k"], ["v", "i"], axis=-1, name=f"t{time.monotonic_ns()}"))
+    checks = [({"node": node, "op_type": "TopK", "opset": 17, "output": k, "shape": (2, 2), "dtype": dt},
+               [(DType.f32, (2, 8)), (DType.i64, (1,))], [None, np.asarray([2], np.int64)])
+              for k, dt in ((0, "f32"), (1, "i64"))]
+    found = host_rules.onnx_op_problems(checks)
+    assert all(f is not None and f.endswith("took over 0.2 s on this node") for f in found), found

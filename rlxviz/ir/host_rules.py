@@ -176,7 +176,8 @@ def _run_checks(keys: list[tuple[Any, ...]]) -> list[str | None]:
         return json.loads(forked(lambda: json.dumps([_problem(*k) for k in keys]), LINT_SECONDS))
     except ForkedFailure as e:
         if len(keys) == 1 or not e.signal:  # a time-out is not split: n children would take n times as long
-            where = "on this node" if len(keys) == 1 else f"on this graph's {len(keys)} host nodes"
+            nodes = len({k[0] for k in keys})  # one ONNX node per serialized text, whatever outputs the IR reads
+            where = "on this node" if nodes == 1 else f"on this graph's {nodes} host nodes"
             return [f"{k[1]} cannot run on the host: ONNX shape inference {e.said()} {where}" for k in keys]
     half = len(keys) // 2  # a crash: halves, until the refusal names the node that crashed (log2(n) children)
     return _run_checks(keys[:half]) + _run_checks(keys[half:])

@@ -255,19 +255,37 @@ def _ort_session(node_text: str, opset: int, inputs: tuple[tuple[str, str, tuple
 
 
 def host_nodes(graph: Graph) -> list[Node]:
-    """The `onnx_op` nodes of `graph`: what runs on the host, outside MLX."""
+    """The `onnx_op` nodes of `graph`: what runs on the host, outside MLX (one IR node per output of an ONNX node:
+    TopK's values and indices are two; `host_groups` counts ONNX nodes)."""
     return [n for n in graph if n.op == Op.ONNX_OP]
 
 
+def host_groups(graph: Graph) -> list[tuple[Node, ...]]:
+    """The ONNX nodes that run on the host, each as the `onnx_op` nodes of its outputs (one per output read, in
+    graph order; keyed by the serialized node they hold), in the order of their first output: a TopK read for values
+    and indices is one group of two."""
+    groups: dict[str, list[Node]] = {}
+    for n in host_nodes(graph):
+        groups.setdefault(str(n.attrs.get("node", f"%{n.id}")), []).append(n)
+    return [tuple(g) for g in groups.values()]
+
+
 def describe_host(graph: Graph) -> str | None:
-    """One line naming the nodes that run on the host (None when there are none):
-    `2 node(s) the IR has no op for ran on the host (ONNX Runtime): %12 Hardmax 'hm', %20 Hardmax 'hm2'`."""
-    nodes = host_nodes(graph)
-    if not nodes:
+    """One line naming the ONNX nodes that run on the host (None when there are none), each once however many of
+    its outputs the IR reads (`host_groups`):
+    `2 node(s) the IR has no op for ran on the host (ONNX Runtime): %12 Hardmax 'hm', %20 Hardmax 'hm2'`;
+    a two-output TopK is `%106 TopK 'topk' (outputs %106, %107)`."""
+    groups = host_groups(graph)
+    if not groups:
         return None
-    listed = ", ".join(f"%{n.id} {n.attrs['op_type']} {n.attrs.get('name', '')!r}" for n in nodes[:6])
-    more = f", and {len(nodes) - 6} more" if len(nodes) > 6 else ""
-    return f"{len(nodes)} node(s) the IR has no op for ran on the host ({_engine()}): {listed}{more}"
+
+    def one(g: tuple[Node, ...]) -> str:
+        outs = f" (outputs {', '.join(f'%{n.id}' for n in g)})" if len(g) > 1 else ""
+        return f"%{g[0].id} {g[0].attrs['op_type']} {g[0].attrs.get('name', '')!r}{outs}"
+
+    listed = ", ".join(one(g) for g in groups[:6])
+    more = f", and {len(groups) - 6} more" if len(groups) > 6 else ""
+    return f"{len(groups)} node(s) the IR has no op for ran on the host ({_engine()}): {listed}{more}"
 
 
 def host_words(n: Node) -> str | None:
@@ -287,5 +305,5 @@ def _engine() -> str:
     return "ONNX Runtime"
 
 
-__all__ = ["HOST_SECONDS", "HostRunCache", "decode", "describe_host", "encode", "evaluate", "host_nodes", "host_run",
-           "host_words", "ort_options", "quiet_ort"]
+__all__ = ["HOST_SECONDS", "HostRunCache", "decode", "describe_host", "encode", "evaluate", "host_groups", "host_nodes",
+           "host_run", "host_words", "ort_options", "quiet_ort"]
