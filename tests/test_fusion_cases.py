@@ -147,6 +147,29 @@ def test_default_scale_names_where_the_scale_came_from(kw, origin, extra):
     assert want in miss.reason
 
 
+def test_default_scale_names_a_pre_scale_a_stage_re_made():
+    """Granite (newcomer finding): Q and K^T each scaled by sqrt(0.3) = 0.547723; `fuse_sdpa/hoist_scales` re-makes
+    K's mul in front of the transpose, so the match binds a node the user's graph lacks, and the text named Q's
+    pre-scale alone beside scale=0.3. Both factors are named (K's by the user's node), with their product."""
+    b = Builder("granite_scaled")
+    B, S, H, nh, dh = 2, 4, 16, 2, 8
+    x = b.input("hidden", (B, S, H))
+    ext = b.reshape(b.mul(b.sub(1.0, b.cast(b.input("attention_mask", (B, S), "i64"), "f32")), -10000.0),
+                    (B, 1, 1, S))
+    q, k, v = (b.transpose(b.reshape(b.add(b.matmul(x, b.param(f"{n}.weight", (H, H))), b.param(f"{n}.bias", (H,))),
+                                     (B, S, nh, dh)), (0, 2, 1, 3)) for n in "qkv")
+    qs, ks = b.mul(q, 0.3 ** 0.5), b.mul(b.transpose(k, (0, 1, 3, 2)), 0.3 ** 0.5)
+    ctx = b.matmul(b.softmax(b.add(b.matmul(qs, ks), ext), axis=-1), v)
+    out = b.reshape(b.transpose(ctx, (0, 2, 1, 3)), (B, S, H))
+    b.output(b.add(b.matmul(out, b.param("out.weight", (H, H))), b.param("out.bias", (H,))))
+    t = Pipeline.canonical().run(b.build())
+    (r,) = [r for r in t.step("fuse_attention_block").rejections if r.headline]
+    assert r.guard == "default_scale" and "scale=0.3000000" in r.message
+    want = (f"; fuse_sdpa folded it from Q pre-scale mul (node {int(qs)}) * 0.547723, K pre-scale mul (node {int(ks)}) "
+            f"* 0.547723: product 0.3, not 1/sqrt(8) = 0.353553")
+    assert want in r.message, r.message
+
+
 @pytest.mark.parametrize("name, want", [
     ("03e", "fuse_sdpa folded it from Q pre-scale mul (node 17) * 0.5, not 1/sqrt(16) = 0.25"),
     ("03f", "fuse_sdpa folded it from Q pre-scale mul (node 17) * 0.25, scores' scale div (node 53) / 4 (factor "

@@ -40,15 +40,15 @@ def scale_origin(steps: Sequence[Any], r: Rejection) -> str:
         for op_role, const_role in (*_FACTORS[1:], _FACTORS[0]):  # in dataflow order: Q, K, then the scores
             if op_role not in b or const_role not in b:
                 continue
-            if b[op_role] not in g or b[const_role] not in g:  # a scale lifted by unfold_heads: a new node
-                continue
-            node, v = g[b[op_role]], typed_value(g[b[const_role]])
-            if v is None:
+            node, const = _scale_nodes(g, step.before, b[op_role], b[const_role])
+            v = typed_value(const) if const is not None else None
+            if node is None or v is None:
                 return ""
             f = 1.0 / v if node.op == Op.DIV else v
             product *= f
             how = f"/ {v:.6g} (factor {f:.6g})" if node.op == Op.DIV else f"* {f:.6g}"
-            where = f"node {node.id}" + (f", {node.path}" if node.path else "")
+            where = f"node {node.id}" + ("" if node.id in g else f", made by {node.pass_name or 'fuse_sdpa'}") + (
+                f", {node.path}" if node.path else "")
             parts.append(f"{ROLE_NAMES[op_role]} {node.op.value} ({where}) {how}")
         packed = step.after.get(m.fused) if m.fused is not None else None
         d = packed.attrs.get("head_dim") if packed is not None else None
@@ -73,7 +73,7 @@ def scale_origin(steps: Sequence[Any], r: Rejection) -> str:
             return earlier or ("; the scores are not scaled (scale 1.0), the model's own choice (e.g. T5 folds it "
                                "into its weights); the block has no scale attribute to keep 1.0")
         out = f"; fuse_sdpa folded it from {', '.join(parts)}"
-        if len(parts) > 1:
+        if len(parts) > 1:  # (a q)(b k)^T s == a b s (q k^T): every factor multiplies the scores
             out += f": product {product:.6g}"
         if d:
             default = 1.0 / math.sqrt(d)
@@ -86,6 +86,20 @@ def scale_origin(steps: Sequence[Any], r: Rejection) -> str:
                 out += f", not 1/sqrt({d}) = {default:.6g}"
         return out + earlier
     return ""
+
+
+def _scale_nodes(g: Graph, matched: Graph, op_id: int, const_id: int) -> tuple[Node | None, Node | None]:
+    """The scaling node `op_id` and its constant `const_id` that `fuse_sdpa` matched (in `matched`, the graph its
+    last stage left), named in the user's graph `g` where they are there: a pre-scale a stage re-made (K's,
+    hoisted through its transpose and KV repeat by `hoist_scales`: Granite's) is the user's node it absorbed that
+    reads the same constant. The re-made node itself when no such node exists; `(None, None)` when neither graph
+    holds them."""
+    node = g[op_id] if op_id in g else matched[op_id] if op_id in matched else None
+    const = g[const_id] if const_id in g else matched[const_id] if const_id in matched else None
+    if node is not None and node.id not in g:
+        mine = [g[i] for i in node.absorbed if i in g and g[i].op == node.op and const_id in g[i].inputs]
+        node = mine[0] if len(mine) == 1 else node
+    return node, const
 
 
 def _found_words(upstream: Sequence[tuple[str, Node, float]]) -> str:
