@@ -38,15 +38,39 @@ def _projection_readers(g, op: Op, proj: str) -> list:
     return adds if op == Op.ADD else [n for n in g if n.op == op and any(i in {a.id for a in adds} for i in n.inputs)]
 
 
-@pytest.mark.parametrize(("proj", "layers"), [("self_attn.o_proj", (0, 1)), ("mlp.down_proj", (0, 1))])
-def test_gemma_ortopt_residual_sums_and_norms_are_their_layers_not_the_projection(proj, layers):
-    """Each SkipSimplifiedLayerNormalization after o_proj / down_proj: its residual sum and its RMSNorm are said
-    `model.layers.K` (the layer of the projection they read), never the projection's path."""
+@pytest.mark.parametrize(("proj", "layers", "norms"), [("self_attn.o_proj", (0, 1), (0, 1)),
+                                                       ("mlp.down_proj", (0, 1), (1, 1))])
+def test_gemma_ortopt_residual_sums_and_norms_are_their_layers_not_the_projection(proj, layers, norms):
+    """Each SkipSimplifiedLayerNormalization after o_proj / down_proj: its residual sum is said `model.layers.K` (the
+    layer of the projection it reads), never the projection's path; its RMSNorm is said the layer it opens: after
+    layer 0's down_proj, layer 1's input norm (`place_opening_norms`); after layer 1's, the final norm (no layer reads
+    it, so it keeps its inferred layer: placement says it outside the layers once fused)."""
     g = _load(FIXTURES / "ortopt" / "gemma.ortopt.onnx").graph
-    for op in (Op.ADD, Op.RMS_NORM):
+    for op, want in ((Op.ADD, layers), (Op.RMS_NORM, norms)):
         found = _projection_readers(g, op, proj)
-        assert [n.path for n in found] == [f"model.layers.{k}" for k in layers], op
-        assert [layer_of(n.path) for n in found] == list(layers)
+        assert [n.path for n in found] == [f"model.layers.{k}" for k in want], op
+        assert [layer_of(n.path) for n in found] == list(want)
+
+
+def test_gemma_ortopt_split_norm_is_the_layer_it_opens(capsys):
+    """ORT's SkipSimplifiedLayerNormalization joins layer 0's MLP residual add and layer 1's input RMSNorm; the sum
+    goes on to layer 1's next residual add. The norm (%77 in `explain -v`), its gamma and zero beta were said layer 0
+    (the layer of its deepest input); its readers are layer 1's Q/K/V, so it is layer 1's, as the export's
+    `model.layers.1.input_layernorm` was. The sum stays layer 0's. Layer 0's input norm (a SimplifiedLayerNormalization
+    of the embeddings, which go on to the first residual add) was said `model`: it is layer 0's."""
+    from clirun import run as cli_run
+
+    g = _load(FIXTURES / "ortopt" / "gemma.ortopt.onnx").graph
+    (norm,) = [n for n in g if n.op == Op.RMS_NORM and g[n.inputs[0]].op == Op.ADD
+               and any(u.path.startswith("model.layers.1.self_attn") for u in g.users(n.id))]
+    assert norm.path == "model.layers.1" and layer_of(g[norm.inputs[0]].path) == 0
+    assert [g[i].path for i in norm.inputs[1:]] == ["model.layers.1"] * 2
+    first = min((n for n in g if n.op == Op.RMS_NORM), key=lambda n: n.id)  # ORT's SimplifiedLayerNormalization
+    assert first.path == "model.layers.0" and all(u.path.startswith("model.layers.0.") for u in g.users(first.id))
+    out = cli_run(capsys, "explain", FIXTURES / "ortopt" / "gemma.ortopt.onnx", "-v")[1]
+    layer0, layer1 = out.split("\nlayer 1: ")
+    assert f"%{norm.id} (model.layers.0)" not in out and f"norm (node {norm.id}, model.layers.1)" in layer1
+    assert f"node {norm.id}," not in layer0
 
 
 def test_gemma_ortopt_layers_keep_their_kind_mlp_norms_and_verdicts():

@@ -21,6 +21,7 @@ from . import handlers  # noqa: F401 - each family's handlers register into HAND
 from .bind import _bind_input, _same_symbols
 from .context import HANDLERS, OnnxImportError, UnsupportedForm, Value, _Ctx, _onnx, node_label, onnx_dtype
 from .fold import FOLDABLE, FoldError, _shape_op, check_fold, fold, node_attrs
+from .handlers.contrib import place_opening_norms
 from .handlers.quant import quant_paths
 from .host import _host_op
 from .paths import agreed_paths, node_path
@@ -231,6 +232,7 @@ def import_graph(proto: Any, batch: int = 1, seq: int = 128, input_shapes: Mappi
             raise OnnxImportError(f"graph output {o.name!r} is not produced by any node")
         outs.append(ctx.ref(v))
     b.output(*outs)
+    place_opening_norms(b, getattr(ctx, "opening_norms", ()))  # ORT's split norms: the layer they open
     from ...passes.pipeline import run_pass
 
     # the small weights' values go with the graph before lint: an `onnx_op` whose output shape ONNX infers from a

@@ -25,7 +25,9 @@ else the layer of its bias: the sum closes the bias's sublayer), its norm that o
 Where no name carries one (a dynamo export's `val_95`, `linear_3`), the path is inferred from what computes its
 inputs and claims only what that shows (`inferred_path`): the layer (`model.layers.0`), not the module of its
 deepest input (gemma.ortopt's post-attention RMSNorm was said `model.layers.0.self_attn.o_proj`, as if it were the
-output projection).
+output projection). A norm whose input goes on past it (the residual stream of a pre-norm model) opens what reads
+it: once the graph is read it takes its readers' layer (`place_opening_norms`: gemma.ortopt's layer-1 input norm,
+which ORT joined with layer 0's last residual add, was said layer 0's).
 """
 
 from __future__ import annotations
@@ -169,12 +171,16 @@ def bias_add(ctx: _Ctx, n: Any, x: list[Value], a: dict[str, Any]) -> list[Value
 @handles("SimplifiedLayerNormalization", domain=CONTRIB)
 def simplified_ln(ctx: _Ctx, n: Any, x: list[Value], a: dict[str, Any]) -> list[Value]:
     """ORT RMSNorm: x / sqrt(mean(x^2) + eps) * scale over the last axis (IR rms_norm with a zero beta). The
-    inv_std_var output is not supported."""
+    inv_std_var output is not supported. A norm ORT made whose input goes on past it opens what reads it
+    (`place_opening_norms`: gemma.ortopt's layer-0 input norm was said `model`)."""
     adopt_path(ctx, n, x, params=(1,))
     _last_axis(ctx, x[0], int(a.get("axis", -1)))
     if len(n.output) > 1 and any(n.output[1:]):
         raise ctx.unsupported("the inv_std_var output is not supported")
-    return [ctx.b.rms_norm(ctx.ref(x[0]), ctx.ref(x[1]), _zeros_like_gamma(ctx, x[1]), float(a.get("epsilon", 1e-5)))]
+    out = ctx.b.rms_norm(ctx.ref(x[0]), ctx.ref(x[1]), _zeros_like_gamma(ctx, x[1]), float(a.get("epsilon", 1e-5)))
+    if not _has_own_path(n):
+        ctx.opening_norms = [*getattr(ctx, "opening_norms", ()), (int(out), int(ctx.ref(x[0])))]  # type: ignore[attr-defined]
+    return [out]
 
 
 @handles("SkipLayerNormalization", "SkipSimplifiedLayerNormalization", domain=CONTRIB)
@@ -219,8 +225,36 @@ def skip_ln(ctx: _Ctx, n: Any, x: list[Value], a: dict[str, Any]) -> list[Value]
     else:
         beta = ctx.ref(x[3]) if len(x) > 3 and x[3] is not None else _zeros_like_gamma(ctx, x[2])
         out = b.layer_norm(s, ctx.ref(x[2]), beta, eps)
+    if not own and len(n.output) > 3 and n.output[3]:  # the sum goes on: maybe a split (`place_opening_norms`)
+        ctx.opening_norms = [*getattr(ctx, "opening_norms", ()), (int(out), int(s))]  # type: ignore[attr-defined]
     outs: list[Value] = [out, None, None, s]
     return outs[:len(n.output)]
+
+
+def place_opening_norms(b: Any, pairs: Any) -> None:
+    """Re-path each norm ORT made (`pairs`: `(norm, normalized)` IR ids: a split SkipLayerNormalization's norm and
+    sum, a SimplifiedLayerNormalization and its input) to the layer of its readers, on the builder `b` before it
+    builds. ORT joins layer N's residual add and layer N+1's input norm in one node; where the normalized value goes
+    on past the norm (pre-norm: it has readers besides the norm) the norm opens whatever reads it, so it lies in its
+    readers' layer when they all lie in one (`layer_prefix`): gemma.ortopt's norm read by layer 1's Q/K/V was said
+    layer 0's, the layer of its deepest input (`inferred_path`). Its gamma and beta go with it when it alone reads
+    them. A norm whose input ends at it (post-norm: it closes its layer; an embeddings' norm), one a graph output
+    reads, or one read from several layers or none, stays. Raises nothing."""
+    nodes = b._created
+    users: dict[int, list[int]] = {}
+    for node in nodes.values():
+        for i in node.inputs:
+            users.setdefault(i, []).append(node.id)
+    for norm, total in pairs:
+        if norm not in nodes or set(users.get(total, ())) <= {norm} or norm in b._outputs:
+            continue  # the sum ends at the norm: a post-norm layer's closing norm, not a split
+        layers = {layer_prefix(nodes[u].path) for u in users.get(norm, ())}
+        old = nodes[norm].path
+        if len(layers) != 1 or None in layers or (new := layers.pop()) == layer_prefix(old):
+            continue
+        for i in (norm, *nodes[norm].inputs[1:]):
+            if i == norm or (users.get(i) == [norm] and nodes[i].path == old):
+                nodes[i] = nodes[i].replace(path=new)
 
 
 @handles("EmbedLayerNormalization", domain=CONTRIB)
@@ -546,4 +580,4 @@ CONTRIB_OPS = ("Attention", "BiasAdd", "BiasGelu", "EmbedLayerNormalization", "F
                "SimplifiedLayerNormalization", "SkipLayerNormalization", "SkipSimplifiedLayerNormalization")
 """The com.microsoft ops this module maps."""
 
-__all__ = ["CONTRIB_OPS", "ORT_MASK_FILTER", "adopt_path", "inferred_path"]
+__all__ = ["CONTRIB_OPS", "ORT_MASK_FILTER", "adopt_path", "inferred_path", "place_opening_norms"]
