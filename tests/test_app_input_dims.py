@@ -16,6 +16,9 @@ from onnx import TensorProto, helper
 from rlxviz.app.jobs import Runner
 from rlxviz.app.sources import ALLOWED_DIRS_ENV, SourceError, parse_dims
 from rlxviz.app.state import AppState
+from rlxviz.app.statusbar import _md_text
+from rlxviz.app.text import md_escape
+from rlxviz.session import SessionError
 from rlxviz.session.inputs import inputs_beside
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -210,14 +213,53 @@ def test_the_app_says_which_array_beside_the_model_when_its_shapes_give_no_value
     assert str(e.value).endswith(f"m_io.npz beside the file holds 'x': --inputs {folder / 'm_io.npz'}"), str(e.value)
 
 
-def test_dims_that_break_a_fixed_shape_are_named_in_the_message(monkeypatch):
+MISFIT = "num_channels=3 height=64 width=64"
+"""deit.optimum's dims at a size its position embeddings (18 = 16 patches + 2 tokens at 32x32) do not fit."""
+
+
+def test_dims_that_break_a_fixed_shape_are_named_on_the_messages_first_line(monkeypatch):
     """Newcomer run 31: deit.optimum with `height=100000 width=100000` said only `ShapeError: shapes [1, 156250002,
-    32] and [1, 18, 32] do not broadcast at embeddings`, nothing of the dims typed. The message now names them."""
+    32] and [1, 18, 32] do not broadcast at embeddings`. Run 32: the line naming the dims came second, and the
+    banner (folded to its first line) and the stale box (`stale_why`: the first line) showed only the ShapeError."""
     monkeypatch.setenv(ALLOWED_DIRS_ENV, str(DEIT.parent))
     s = AppState(runner=Runner(background=False), preset="bert-tiny", seq=8)
-    s.param.update(checkpoint_dir=str(DEIT), source="checkpoint", dims="num_channels=3 height=64 width=64")
+    s.param.update(checkpoint_dir=str(DEIT), source="checkpoint", dims=f" {MISFIT.replace(' ', ',  ')} ")
     assert s.message_kind == "danger" and s.model.name == "bert-tiny", s.message
-    assert "ShapeError" in s.message and ("Input dims box sets num_channels=3 height=64 width=64: a shape that "
-                                          "follows from them does not fit the model's own fixed shapes") in s.message
+    first, *rest = s.message.splitlines()
+    said = f"Input dims {MISFIT} do not fit {DEIT}: Add node '/embeddings/Add' (opset 18): ShapeError: shapes "
+    assert first.startswith(said) and "[add]" not in first, s.message
+    assert rest and "change or clear them in the sidebar's Input dims box" in rest[-1], s.message
+    assert f"loading the new one failed: {said[:60]}" in s.stale, s.stale  # the stale box's line
+    assert md_escape(said[:40]) in _md_text(s.message).split("\n")[0]  # the banner's first line
     s.dims = "num_channels=3 height=32 width=32"
     assert s.model.name == "deit.optimum" and s.message_kind != "danger", s.message
+
+
+def test_the_session_names_the_dims_a_shape_error_followed_from():
+    """One error for both front ends (`DimsMisfitError`): the CLI prints the dims first as `--dim` options, the app
+    as its Input dims box's values; it pickles (`session.isolated` sends it from its child)."""
+    from rlxviz.app.wording import explain_error
+    from rlxviz.session import DimsMisfitError, load
+
+    dims = dict(parse_dims(MISFIT))
+    with pytest.raises(DimsMisfitError) as e:
+        load(str(DEIT), dims=dims)
+    back = pickle.loads(pickle.dumps(e.value))
+    assert type(back) is DimsMisfitError and back.__dict__ == e.value.__dict__ and str(back) == str(e.value)
+    assert e.value.dims == dims and e.value.said.startswith("Add node '/embeddings/Add' (opset 18): ShapeError:")
+    assert str(e.value).startswith(f"{DEIT}: --dim num_channels=3 --dim height=64 --dim width=64 do not fit this "
+                                   f"model: {e.value.said}"), str(e.value)
+    app = explain_error(e.value, "checkpoint", "bert-tiny", onnx=True)
+    assert app.splitlines()[0] == f"Input dims {MISFIT} do not fit {DEIT}: {e.value.said.replace('[add] ', '')}"
+    with pytest.raises(SessionError) as other:  # no dims given (an input's whole shape): nothing to name
+        load(str(DEIT), input_shapes={"pixel_values": (1, 3, 64, 64)})
+    assert type(other.value) is SessionError and "ShapeError" in str(other.value), str(other.value)
+
+
+def test_the_cli_names_the_dims_a_shape_error_followed_from():
+    r = subprocess.run([sys.executable, "-m", "rlxviz.cli", "explain", str(DEIT), "--dim", "num_channels=3", "--dim",
+                        "height=64", "--dim", "width=64"], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert (f"error: {DEIT}: --dim num_channels=3 --dim height=64 --dim width=64 do not fit this model: Add node "
+            "'/embeddings/Add' (opset 18): ShapeError:") in r.stderr, r.stderr
+    assert r.stderr.rstrip().endswith("; change or leave out the --dim values"), r.stderr

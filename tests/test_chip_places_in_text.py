@@ -1,7 +1,8 @@
 """Every place the app's version chips count (`passes.why.places`: `✗` a near-miss, `○` a place that is no near-miss,
 by `verdict.standing` group) is said by `rlxviz explain`'s text and by its `--json`, in a group that says what it is:
 
-* a near-miss under its layer (first rejection, also rejected, also missed), or among the run's misses;
+* a near-miss under its layer (first rejection, also rejected, also missed, also unrecognized: a leftover scan's
+  finding, `why.places.step_refusals`), or among the run's misses;
 * a refusal not expected of its layer, at a gap in rlxviz's ops, or illegal for it, under that layer (`not expected
   here`, `gap in rlxviz's ops`, `illegal here`);
 * the model's own term, a lookalike, a merge the tool's own cost test declined: under that group's heading
@@ -94,7 +95,8 @@ def said_in_text(text: str, label: str | None, r: Rejection, group: str | None) 
     block = layer_blocks(text).get(label, "") if label is not None else ""
     rule = re.escape(r.rule)
     if group is None:
-        return (re.search(rf"^  (first rejection|also rejected|also missed): {rule}\b", block, re.M) is not None
+        return (re.search(rf"^  (first rejection|also rejected|also missed|also unrecognized): {rule}\b", block, re.M)
+                is not None
                 or re.search(rf"^  {rule} @ %{r.anchor} ", text, re.M) is not None)  # a graph with no layer
     if group in (NOT_EXPECTED_HERE, OP_GAP_GROUP):  # a gap has its own heading, as the chips' △ (issue 39)
         where = block if label is not None else text  # a graph with no layer: the run's own lines

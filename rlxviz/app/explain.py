@@ -34,7 +34,7 @@ from ..passes.trace import (
     whose_place,
 )
 from ..passes.why.facts import RunFacts
-from ..passes.why.places import gap_workaround, place_standings, place_status
+from ..passes.why.places import gap_workaround, place_standings, place_status, step_refusals
 from ..passes.why.standing import standing as refusal_standing
 from ..passes.why.verdict import OP_GAP_GROUP, RunVerdict
 from ..session import host_words
@@ -103,7 +103,7 @@ def decision_rows(trace: Trace | None) -> list[dict[str, Any]]:
                          "place": outside_box(trace, m.fused if fused is not None else m.anchor)
                          if layer is None and layered else ""})
         status = {pl: place_status(head, st) for pl, (head, st) in place_standings(trace, k).items()}
-        for r in s.rejections:
+        for r in step_refusals(trace, k):  # the step's, and the unrecognized findings filed under it (as the chips)
             nodes = list(dict.fromkeys([*r.offending, r.anchor]))
             # the place's standing, as the chips count it (`places.place_status`): a refusal the layer's kind does
             # not expect reads "not expected here", never "rejected"; the guard's own kind stays in `why`, unless

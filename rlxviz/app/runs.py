@@ -293,8 +293,7 @@ class Runs:
         # a syntax error's place, or the line defining the node a lint error names: the editor marks it
         at = (e.line, e.col, e.reason) if isinstance(e, IRSyntaxError | session.GraphTextError) and e.line else None
         s.ir_error = at if s.source == "ir" else None
-        s._error(explain_error(e, s.source, s.preset, onnx=self._asked_onnx(), text=s.ir_text if at else None,
-                               dims=s.dims))
+        s._error(explain_error(e, s.source, s.preset, onnx=self._asked_onnx(), text=s.ir_text if at else None))
         self._keep_shown()
         refused = isinstance(e, SourceError) or (s.source == "checkpoint" and self._model_key != s.model_key())
         if refused and s.model is not None and "Still showing" not in s.message:

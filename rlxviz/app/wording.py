@@ -11,7 +11,7 @@ from pathlib import PureWindowsPath
 from .. import session
 from ..ir import GraphError, IRSyntaxError, quote_place, syntax_error_line
 from ..models import VARIANTS
-from ..session import OVER_THRESHOLD, GraphTextError, SessionError, UnboundDimsError
+from ..session import OVER_THRESHOLD, DimsMisfitError, GraphTextError, SessionError, UnboundDimsError
 from .sources import ONNX_UPLOAD_NAME, UPLOAD_PREFIX, SourceError
 from .text import md_escape
 
@@ -140,19 +140,16 @@ def app_remedy(e: UnboundDimsError) -> str:
     return text
 
 
-def explain_error(e: Exception, source: str, preset: str, onnx: bool = False, text: str | None = None,
-                  dims: str = "") -> str:
-    """`_explained`, and where the Input dims box holds values (`dims`, `AppState.dims`) and an ONNX load failed on a
-    shape, a line that names them: deit.optimum with `height=100000 width=100000` said only `ShapeError: shapes [1,
-    156250002, 32] and [1, 18, 32] do not broadcast`, nothing of the dims typed (newcomer run 31)."""
-    message = _explained(e, source, preset, onnx, text)
-    if onnx and dims.strip() and "ShapeError" in f"{type(e).__name__}: {e}":
-        message += (f"\nThe sidebar's Input dims box sets {' '.join(dims.split())}: a shape that follows from them "
-                    "does not fit the model's own fixed shapes; change or clear them.")
-    return message
+def misfit_remedy(e: DimsMisfitError) -> str:
+    """The session's message for dims that do not fit an `.onnx` file, said as the app's: the Input dims box's values
+    on the first line, the one the banner and the stale box show (`Input dims num_channels=3 height=64 width=64 do
+    not fit M: Add node ...: ShapeError: ...`; newcomer run 32 saw only the ShapeError there), then what to do."""
+    given = " ".join(f"{k}={v}" for k, v in e.dims.items())
+    return (f"{DIMS_BOX} {given} do not fit {e.model}: {INTERNAL_NAME.sub('', e.said)}\nA shape that follows from "
+            f"them does not fit the model's own fixed shapes; change or clear them in the sidebar's {DIMS_BOX} box.")
 
 
-def _explained(e: Exception, source: str, preset: str, onnx: bool = False, text: str | None = None) -> str:
+def explain_error(e: Exception, source: str, preset: str, onnx: bool = False, text: str | None = None) -> str:
     """An exception as a message with what to do, matched by its type. `onnx`: the path or upload is an ONNX file,
     named so ("the uploaded ONNX file"; a newcomer's bart-full.onnx was "the uploaded checkpoint").
 
@@ -169,6 +166,8 @@ def _explained(e: Exception, source: str, preset: str, onnx: bool = False, text:
                 f"but is not a valid graph: fix line {e.line} at the caret ({IR_SYNTAX_HELP}).")
     if isinstance(e, UnboundDimsError):  # the CLI's --dim and --inputs said as the app's Input dims box
         return app_remedy(e)
+    if isinstance(e, DimsMisfitError):
+        return misfit_remedy(e)
     if isinstance(e, SourceError | SessionError):
         # `bert-tiny: variant layer 5 ...`, not `[build_bert] variant ...`
         return INTERNAL_NAME.sub("", str(e))

@@ -32,7 +32,7 @@ from .architecture import attention_softmax
 from .declarations import FAMILIES, FINDING, FINDING_QUANTIZATION
 from .refusal_kinds import COMPILER_ONLY, NOT_RECOGNIZED
 from .report import MissedFusion
-from .trace import Trace, place_label
+from .trace import Rejection, Trace, place_label
 
 GUARD = "no_rule"
 """The guard name of an unrecognized finding (as `MissedFusion.guard`)."""
@@ -66,11 +66,19 @@ class Unrecognized:
         where = place_label(self.nodes[0], self.path, with_node=True)
         return f"{FINDING}.{self.family} @ {where}: {GUARD}: {self.reason}"
 
+    def as_rejection(self) -> Rejection:
+        """The finding as the refusal record every place-reading view reads (`why.places.step_refusals`: the app's
+        version chips and matches table): pass `FINDING`, rule `unrecognized.<family>`, guard `no_rule`, kind `not
+        recognized` (no rule takes this form), anchored at the chain's first node, the chain's nodes offending."""
+        return Rejection(FINDING, f"{FINDING}.{self.family}", self.nodes[0], "structure", GUARD, self.reason,
+                         offending=self.nodes, path=self.path, hint=self.hint, kind=NOT_RECOGNIZED, fix=self.fix,
+                         remedy=self.remedy)
+
     def as_missed(self) -> MissedFusion:
-        """The finding as a `MissedFusion` (pattern `unrecognized.<family>`, guard `no_rule`, kind `not recognized`:
-        no rule takes this form)."""
-        return MissedFusion(f"{FINDING}.{self.family}", self.nodes[0], self.path, GUARD, self.reason, self.hint,
-                            NOT_RECOGNIZED, self.fix, remedy=self.remedy)
+        """The finding as a `MissedFusion`, the fields of `as_rejection` (the verdict's, `explain`'s and `--json`'s
+        record; the chips and the table read `as_rejection`'s)."""
+        r = self.as_rejection()
+        return MissedFusion(r.rule, r.anchor, r.path, r.guard, r.message, r.hint, r.kind, r.fix, remedy=r.remedy)
 
 
 def _forward(g: Graph, start: int, depth: int) -> list[int]:

@@ -36,6 +36,7 @@ from ..passes.architecture import LayerArchitecture as Architecture
 from ..passes.architecture import classify_layer as classify
 from .defaults import DEFAULT_BATCH, DEFAULT_REPEAT, DEFAULT_SEQ, DEFAULT_WARMUP, MAX_REPEAT, MAX_WARMUP, check_rounds
 from .errors import (
+    DimsMisfitError,
     GraphTextError,
     LimitError,
     PipelineError,
@@ -127,7 +128,8 @@ __all__ = ["ModelText", "shown", "imported_forms", "describe_host", "host_words"
            "DEFAULT_BATCH", "DEFAULT_MAX_MEMORY_MB", "DEFAULT_REPEAT", "DEFAULT_SEQ", "DEFAULT_WARMUP",
            "DEPRECATED_MEMORY_ENV", "MAX_MEMORY_ENV", "MAX_REPEAT", "MAX_WARMUP", "check_rounds",
            "MODEL_WIDE", "OVER_THRESHOLD", "RLX_THRESHOLD", "gate_note", "variant_note",
-           "Architecture", "FusionCheck", "GraphTextError", "LayerStatus", "LimitError", "Limits", "PipelineError",
+           "Architecture", "DimsMisfitError", "FusionCheck", "GraphTextError", "LayerStatus", "LimitError", "Limits",
+           "PipelineError",
            "SessionError", "StoppedError", "UnboundDimsError", "VariantLayerError", "load_isolated", "run_isolated",
            "ExecutedTraffic", "Traffic", "VersionTiming", "compare_to_input",
            "executed_traffic_saved", "runs_as", "shared_input_saved", "View", "all_finite", "build_pipeline",

@@ -59,6 +59,25 @@ class UnboundDimsError(SessionError):
         self.beside, self.proposed = beside, dict(proposed or {})
 
 
+class DimsMisfitError(SessionError):
+    """An `.onnx` file that failed to import on a shape once the dims given for it were bound (`--dim`, the app's Input
+    dims box): `height=64 width=64` on deit.optimum, whose position embeddings fix the patch count. The message says
+    the dims first, as the CLI names them (`M: --dim height=64 --dim width=64 do not fit this model: Add node ...:
+    ShapeError: ...`), so a front end that shows only a first line still names them.
+
+    Attributes:
+        model: the model as asked for (a path).
+        dims: name -> value, as given.
+        said: the import's error alone (`Add node '/embeddings/Add' (opset 18): ShapeError: ...`).
+
+    Every argument but the message has a default: the error pickles by its message, and its attributes follow.
+    """
+
+    def __init__(self, message: str, model: str = "", dims: dict[str, int] | None = None, said: str = "") -> None:
+        super().__init__(message)
+        self.model, self.dims, self.said = model, dict(dims or {}), said or message
+
+
 class StoppedError(SessionError):
     """A load stopped from outside: past its CPU-time limit (or its wall-clock backstop), out of memory under its
     address-space cap, or its process died (`session.isolated`)."""
@@ -87,5 +106,5 @@ class PipelineError(SessionError):
     """A pipeline that cannot be built: an unknown pass, an empty list, or a pass whose required pass is missing."""
 
 
-__all__ = ["GraphTextError", "LimitError", "PipelineError", "SessionError", "StoppedError", "UnboundDimsError",
-           "VariantLayerError"]
+__all__ = ["DimsMisfitError", "GraphTextError", "LimitError", "PipelineError", "SessionError", "StoppedError",
+           "UnboundDimsError", "VariantLayerError"]

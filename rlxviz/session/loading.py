@@ -29,7 +29,7 @@ from ..passes import layer_of
 from ..passes.trace import layer_keys
 from .cache import LRUCache
 from .defaults import DEFAULT_BATCH, DEFAULT_SEQ
-from .errors import GraphTextError, LimitError, SessionError, VariantLayerError
+from .errors import DimsMisfitError, GraphTextError, LimitError, SessionError, VariantLayerError
 from .inputs import unbound_dims
 from .limits import Limits, human_bytes
 from .variants import effective_seq, graph_variant, preset_is_bert, variant_named, variant_unavailable
@@ -65,6 +65,15 @@ def first_line(e: BaseException) -> str:
     """An exception's message, first line only (a KeyError's argument without its quotes)."""
     msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
     return str(msg).strip().splitlines()[0] if str(msg).strip() else type(e).__name__
+
+
+def dims_misfit(model: str, dims: Mapping[str, int], said: str) -> DimsMisfitError:
+    """The error for an `.onnx` import that failed on a shape (`said`, its error) once `dims` were bound: the dims
+    first, as `--dim` options (`M: --dim height=64 --dim width=64 do not fit this model: Add node ...: ShapeError:
+    ...`), so a message cut to its start still names them (newcomer run 32: the app's first line did not)."""
+    given = " ".join(f"--dim {k}={v}" for k, v in dims.items())
+    return DimsMisfitError(f"{model}: {given} do not fit this model: {said}; change or leave out the --dim values",
+                           model, dict(dims), said)
 
 
 def unknown_model(model: str, what: str = f"a checkpoint folder, an .onnx file nor an IR file "
@@ -314,11 +323,13 @@ def load(model: str, batch: int = DEFAULT_BATCH, seq: int = DEFAULT_SEQ, style: 
         raise LimitError(f"{first_line(e)} (the limit from {limits.source})", limit=limits.max_bytes) from None
     except (ValueError, KeyError, OSError) as e:
         msg = first_line(e)
+        if dims and isinstance(e, OnnxImportError) and "ShapeError" in msg:  # the dims given are the likely cause
+            raise dims_misfit(model, dims, msg.removeprefix(f"{model}: ")) from None
         raise SessionError(msg if msg.startswith(model) else f"{model}: {msg}") from None
     limits.check(m.graph, model, unloaded=lazy_names(m.weights))  # weights left in their file are read by run/time
     return m
 
 
 __all__ = ["ARRAY_SUFFIXES", "GRAPH_JSON_SUFFIX", "IR_SUFFIXES", "MODELS", "PATH_SUFFIXES", "default_preset",
-           "first_line", "layer_indices", "load", "load_ir_file", "load_ir_text", "model_layers", "presets",
-           "unknown_model"]
+           "dims_misfit", "first_line", "layer_indices", "load", "load_ir_file", "load_ir_text", "model_layers",
+           "presets", "unknown_model"]

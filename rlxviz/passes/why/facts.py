@@ -7,7 +7,7 @@ states what happened, `policy` and `verdict` say what it means for a layer.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ...ir import Graph, Node, Op
@@ -20,7 +20,7 @@ from ..pipeline import PASSES, Pipeline
 from ..placement import outside_box
 from ..report import MissedFusion, missed_fusions
 from ..report import taken_places as _taken_places
-from ..trace import PassStep, Trace, layer_keys, layer_of
+from ..trace import PassStep, Rejection, Trace, layer_keys, layer_of
 from ..unrecognized import Unrecognized, unrecognized
 from .policy import PRODUCTS, makes_product, not_expected, places_words, recognizers
 
@@ -99,6 +99,29 @@ class RunFacts:
         if self._misses is None:
             self._misses = (*missed_fusions(self.trace), *(u.as_missed() for u in self._unrecognized_here()))
         return self._misses
+
+    def findings(self) -> dict[int, tuple[Rejection, ...]]:
+        """Step index -> the run's unrecognized findings that `misses` holds, as refusals (`Unrecognized.as_rejection`)
+        filed under that step (`why.places.step_refusals`): the first step of a pass that recognizes the family
+        (`policy.recognizers`: convbert.qdq's erf GELU under `canonicalize_gelu`) whose graph before it holds the
+        chain's nodes, else the last step whose graph before it holds them. A finding no step's graph holds is filed
+        nowhere (`explain` still lists it). One the layer's kind does not expect (`standing.unexpected_fix`: a quantized
+        layer's GELU) has no hint of its own: the table's fix is then the one line that says nothing needs changing
+        (`report.in_context`), as for any such refusal, never a rewrite `explain` does not print."""
+        from .standing import unexpected_fix  # the standing reads these facts
+
+        if "findings" not in self.cache:
+            out: dict[int, list[Rejection]] = {}
+            steps = self.trace.steps
+            for u in self._unrecognized_here():
+                holds = [k for k, s in enumerate(steps) if all(i in s.before for i in u.nodes)]
+                own = [k for k in holds if steps[k].pass_name in recognizers(u.family)]
+                if own or holds:
+                    r = u.as_rejection()
+                    out.setdefault(own[0] if own else holds[-1], []).append(
+                        replace(r, hint="") if unexpected_fix(self.trace, r) else r)
+            self.cache["findings"] = {k: tuple(v) for k, v in out.items()}
+        return self.cache["findings"]
 
     def _unrecognized_here(self) -> list[Unrecognized]:
         """The run's "no rule recognizes this" findings, less those only the run's pipeline left unrecognized: a

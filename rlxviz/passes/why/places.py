@@ -96,6 +96,18 @@ def left_out(g: Graph, r: Rejection) -> str:
     return ", ".join(describe(g[i]) for i in dict.fromkeys(r.offending) if i != r.anchor and i in g)
 
 
+def step_refusals(trace: Trace, step: int) -> tuple[Rejection, ...]:
+    """The refusals of `trace.steps[step]` a place-reading view reads (the app's version chips and matches table):
+    the step's own, then the run's unrecognized findings filed under it (`facts.RunFacts.findings`: convbert.qdq's
+    erf GELU, `unrecognized.gelu`, under `canonicalize_gelu`), so a finding `explain` and the Why tab list has its
+    chip and its row.
+
+    Raises:
+        IndexError: `step` is not a step index of `trace`.
+    """
+    return (*trace.steps[step].rejections, *RunFacts.of(trace).findings().get(step, ()))
+
+
 def place_standings(trace: Trace, step: int) -> dict[tuple[str, int], tuple[Rejection, tuple[str, str] | None]]:
     """Each place (rule, anchor) of the refusals of `trace.steps[step]`, in the run's order -> `(headline, standing)`:
     its headline refusal (its first refusal when none is the headline) and `standing` of it. The one reading of a
@@ -105,7 +117,7 @@ def place_standings(trace: Trace, step: int) -> dict[tuple[str, int], tuple[Reje
         IndexError: `step` is not a step index of `trace`.
     """
     heads: dict[tuple[str, int], Rejection] = {}
-    for r in trace.steps[step].rejections:
+    for r in step_refusals(trace, step):
         k = (r.rule, r.anchor)
         if k not in heads or (r.headline and not heads[k].headline):
             heads[k] = r
@@ -184,9 +196,7 @@ def layer_places(trace: Trace) -> dict[int, tuple[PlaceCount, ...]]:
     when it calls a layer "same as" another (granite's layer 1 has the residual-norm refusal at 2 places, layer 0 at
     1: not the same verdict). Node ids and paths are left out, so identical layers of a stack count alike."""
     counts: dict[int, dict[tuple[str, str, str, str], int]] = {}
-    for k, s in enumerate(trace.steps):
-        if not s.rejections:
-            continue
+    for k in range(len(trace.steps)):
         for head, st in place_standings(trace, k).values():
             if head.layer is None:
                 continue
@@ -282,4 +292,4 @@ def with_standings(trace: Trace, run: RunVerdict) -> RunVerdict:
 
 __all__ = ["LEFT_OUT_STATUS", "PLACE_UNIT", "REJECTED", "PlaceCount", "Places", "gap_workaround", "layer_places",
            "near_miss_item", "outcome_standing", "place_standings", "place_status", "places", "standing_mark",
-           "with_standings"]
+           "step_refusals", "with_standings"]
