@@ -262,25 +262,35 @@ def _rotated(tag: str) -> P:
 _CASTS = ("q_up", "k_up", "q_down", "k_down")
 
 
-def _rope_dtype_fault(c: Ctx) -> str:
-    """Why the casts around Q's and K's rotations are no `rope_dtype` of one block ("" when they are, or when neither
-    rotation has them): both rotations between casts, into one float dtype T and back to the projection's dtype."""
+def _rope_dtype_fault(c: Ctx) -> tuple[str, str] | None:
+    """`(role, why)` when the casts around Q's and K's rotations are no `rope_dtype` of one block (the role of the
+    cast at fault), None when they are one, or when neither rotation has them: both rotations between casts, into
+    one float dtype T and back to the projection's dtype."""
     ups = [r for r in ("q_up", "k_up") if r in c]
     if not ups:
-        return ""
+        return None
     if len(ups) == 1:
         other = "k_rope" if ups[0] == "q_up" else "q_rope"
-        return (f"{c.d(ups[0][0] + '_rope')} is computed in {c[ups[0]].dtype} between casts and {c.d(other)} in "
-                f"{c[other].dtype} without; FusedAttentionBlock rotates Q and K in one dtype (rope_dtype)")
-    t = {c[r].dtype for r in ups}
-    if len(t) > 1 or not c["q_up"].dtype.is_float:
-        return (f"{c.d('q_up')} casts Q to {c['q_up'].dtype} and {c.d('k_up')} casts K to {c['k_up'].dtype} for "
-                f"their rotations; FusedAttentionBlock rotates Q and K in one float dtype (rope_dtype)")
+        return ups[0], (f"{c.d(ups[0])} casts {ups[0][0].upper()} to {c[ups[0]].dtype} for its rotation and "
+                        f"{c.d(other)} rotates in {c[other].dtype} without a cast; FusedAttentionBlock rotates Q "
+                        f"and K in one dtype (rope_dtype)")
+    if c["q_up"].dtype != c["k_up"].dtype or not c["q_up"].dtype.is_float:
+        return "k_up", (f"{c.d('q_up')} casts Q to {c['q_up'].dtype} and {c.d('k_up')} casts K to "
+                        f"{c['k_up'].dtype} for their rotations; FusedAttentionBlock rotates Q and K in one float "
+                        f"dtype (rope_dtype)")
     back = [r for r in ("q_down", "k_down") if c[r].dtype != c["qkv"].dtype]
     if back:
-        return (f"{c.d(back[0])} casts the rotation to {c[back[0]].dtype}, not back to the projection's "
-                f"{c['qkv'].dtype}; FusedAttentionBlock casts its rotated Q and K back to the projection's dtype")
-    return ""
+        return back[0], (f"{c.d(back[0])} casts the rotation to {c[back[0]].dtype}, not back to the projection's "
+                         f"{c['qkv'].dtype}; FusedAttentionBlock casts its rotated Q and K back to the projection's "
+                         f"dtype")
+    return None
+
+
+def _fault(c: Ctx) -> tuple[str, str]:
+    """`_rope_dtype_fault` of a refused match (the guard's explanation and subject)."""
+    found = _rope_dtype_fault(c)
+    assert found is not None
+    return found
 
 
 ROPE_ONE_OPERAND_GAP = "FusedAttentionBlock with RoPE on Q or K alone"
@@ -497,12 +507,13 @@ BLOCK = Rule(
               fix=ROPE_TABLES_FIX).lacking(("attention",), ROPE_TABLES_GAP),
         Shape("qkv_packed", "attn", P(Op.ATTENTION, _rotated("q"), _rotated("k"), P(Op.NARROW, P.var("qkv"), name="v"),
                                       P.var("mask"), name="attn"),
-              "q, k and v must be narrows of one QKV projection (q and k may be rotated by one rope): run "
-              "fuse_shared_input_matmul first"),
+              "q, k and v must be narrows of one QKV projection (q and k may be rotated by one rope, in another "
+              "float dtype between casts): run fuse_shared_input_matmul first"),
         *ROPE_GUARDS,
-        guard("rope_dtype", lambda c: not _rope_dtype_fault(c), _rope_dtype_fault,
-              "rotate Q and K in one dtype", requires=("attn", "qkv"), optional=(*_CASTS, *_ROPES), kind=NOT_RECOGNIZED,
-              subject=lambda c: c.id("attn"), fix="a FusedAttentionBlock rope_dtype for Q and one for K"),
+        guard("rope_dtype", lambda c: _rope_dtype_fault(c) is None, lambda c: _fault(c)[1],
+              "rotate Q and K in one dtype", requires=("attn", "qkv"), optional=(*_CASTS, *_ROPES),
+              kind=NOT_RECOGNIZED, subject=lambda c: c.id(_fault(c)[0]),
+              fix="a FusedAttentionBlock rope_dtype for Q and one for K"),
         guard("qkv_split", _split_at, _explain_split, "split Q/K/V at 0/H/2H of the last axis",
               requires=("qkv", "attn", "q", "k", "v"), kind=NOT_RECOGNIZED,
               fix="permute the packed weight's columns to Q/K/V order, or slice the extra width off"),
