@@ -3,7 +3,8 @@
 `qkv_packed` did not take, and the refusal was filed "not expected here" (the mask additive only because f16 keeps the
 where mask as the model's own term). The block takes the casts as its `rope_dtype`; its decomposition is the matched
 chain, so the block step is bit-exact on the NumPy reference; the graph built here is a small LLaMA-style f16 layer,
-the zoo's olmo.fp16 the exported one; controls (Q and K rotated in two dtypes) are refused by `rope_dtype`."""
+the zoo's olmo.fp16 the exported one; controls (Q and K rotated in two dtypes) are refused by `rope_dtype`. The same
+kind in gpt-bigcode: dead readers rlxviz's own canonicalization left held its block back, filed the same way."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import pytest
 from clirun import run as cli_run
 
 from rlxviz.ir import Builder, DType, Graph, Op, ShapeError, TensorType, infer
+from rlxviz.models.onnx_import import load_onnx
 from rlxviz.passes import Pipeline, run_passes
 from rlxviz.runtime import run_reference
 from rlxviz.runtime.executor import run_mlx
@@ -140,3 +142,21 @@ def test_olmo_fp16_forms_the_block_in_every_layer_with_the_f32_rotation(capsys):
     assert "qkv_packed" not in text and "expects it only of" not in text
     for layer in out["layers"]:
         assert "FusedAttentionBlock" in layer["expected"], layer["expected"]
+
+
+# -- the same kind: a node rlxviz's own canonicalization left behind -----------------------------------------------
+
+@pytest.mark.parametrize("stem", ["gpt-bigcode.dynamo-eager", "gpt-bigcode.ortopt"])
+def test_gpt_bigcode_s_unit_axis_cut_leaves_no_reader_that_holds_the_block_back(stem):
+    """`canonicalize_exported.unit_axis_head_split` / `unit_axis_one_head` re-cut Q, K and V from the c_attn
+    projection; the old `[B, 1, S, N]` view and Q's old cut stayed as dead readers of the projection, so the block's
+    `qkv_user_count` refused ("its extra reader is dead code") and the refusal was filed "not expected here" for the
+    layer's additive mask. They go with their last reader now: each layer forms FusedAttentionBlock."""
+    io = np.load(ZOO / f"{stem}.npz")
+    m = load_onnx(ZOO / f"{stem}.onnx", input_shapes={k: io[k].shape for k in io.files if not k.startswith("out:")})
+    t = Pipeline.canonical().run(m.graph)
+    canon = next(s for s in t.steps if s.pass_name == "canonicalize_exported").after
+    users = {i: [u.id for u in canon.users(i)] for i in (n.id for n in canon)}
+    assert not [n for n in canon if n.op in (Op.NARROW, Op.RESHAPE) and not users[n.id] and not canon.is_output(n.id)]
+    assert len(_blocks(t.final)) == 2, [n.op.value for n in t.final]
+    assert not [r for r in t.rejections if r.guard == "qkv_user_count"]
