@@ -160,3 +160,15 @@ def test_gpt_bigcode_s_unit_axis_cut_leaves_no_reader_that_holds_the_block_back(
     assert not [n for n in canon if n.op in (Op.NARROW, Op.RESHAPE) and not users[n.id] and not canon.is_output(n.id)]
     assert len(_blocks(t.final)) == 2, [n.op.value for n in t.final]
     assert not [r for r in t.rejections if r.guard == "qkv_user_count"]
+
+
+@pytest.mark.parametrize("stem", sorted(p.stem for p in ZOO.glob("*.fp16.onnx")))
+def test_no_f16_export_files_a_block_refusal_as_not_expected_of_its_kind(stem, capsys):
+    """Every float16 export of the zoo (OLMo, Granite, StarCoder2, ERNIE, DeiT): the block forms, or its refusal is
+    a gap in rlxviz's ops (Granite's scale, DeiT's unmasked attention) or the layer's own op (ERNIE's
+    FusedTransformerLayer); none is put down to the layer's kind while rlxviz's own rewrite held it back."""
+    rc, stdout, _ = cli_run(capsys, "explain", "--json", ZOO / f"{stem}.onnx")
+    out = json.loads(stdout)
+    assert rc == 0, out["headline"]
+    lines = [x for layer in out["layers"] for x in layer["not_expected"]]
+    assert not [x for x in lines if x.startswith("fuse_attention_block")], lines
