@@ -172,3 +172,18 @@ def test_no_f16_export_files_a_block_refusal_as_not_expected_of_its_kind(stem, c
     assert rc == 0, out["headline"]
     lines = [x for layer in out["layers"] for x in layer["not_expected"]]
     assert not [x for x in lines if x.startswith("fuse_attention_block")], lines
+
+
+@pytest.mark.parametrize("kind, mask", [("llama", "additive"), ("pre_ln", "causal"), ("parallel", "additive")])
+def test_q_and_k_in_two_dtypes_is_a_gap_in_rlxviz_s_block_not_the_layer_s_kind(kind, mask):
+    """Like the block's other RoPE forms (`test_block_gap_words`): a layer whose kind does not expect the block
+    reads the refusal as the form rlxviz's block lacks, never as its mask kind."""
+    from rlxviz.passes.why import policy
+    from rlxviz.passes.why.kinds import LayerArchitecture
+
+    arch = LayerArchitecture(kind, f"a {kind} layer; {mask} mask", mask=mask)
+    gap = "FusedAttentionBlock with Q and K rotated in two dtypes"
+    assert policy.op_gap(arch, "fuse_attention_block", "rope_dtype") == gap
+    why = policy.not_expected(arch, "fuse_attention_block", "rope_dtype")
+    assert why is not None and why.startswith(f"not the model's layout but a gap in rlxviz's ops: rlxviz has no {gap}")
+    assert "has a keep mask" not in why, why

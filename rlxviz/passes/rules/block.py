@@ -260,6 +260,8 @@ def _rotated(tag: str) -> P:
 
 
 _CASTS = ("q_up", "k_up", "q_down", "k_down")
+ROPE_DTYPES_GAP = "FusedAttentionBlock with Q and K rotated in two dtypes"
+"""What rlxviz's block lacks for Q and K rotated in different dtypes (`rope_dtype` holds one for both)."""
 
 
 def _rope_dtype_fault(c: Ctx) -> tuple[str, str] | None:
@@ -513,7 +515,7 @@ BLOCK = Rule(
         guard("rope_dtype", lambda c: _rope_dtype_fault(c) is None, lambda c: _fault(c)[1],
               "rotate Q and K in one dtype", requires=("attn", "qkv"), optional=(*_CASTS, *_ROPES),
               kind=NOT_RECOGNIZED, subject=lambda c: c.id(_fault(c)[0]),
-              fix="a FusedAttentionBlock rope_dtype for Q and one for K"),
+              fix="a FusedAttentionBlock rope_dtype for Q and one for K").lacking(("attention",), ROPE_DTYPES_GAP),
         guard("qkv_split", _split_at, _explain_split, "split Q/K/V at 0/H/2H of the last axis",
               requires=("qkv", "attn", "q", "k", "v"), kind=NOT_RECOGNIZED,
               fix="permute the packed weight's columns to Q/K/V order, or slice the extra width off"),
