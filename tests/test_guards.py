@@ -1104,7 +1104,17 @@ NEAR_MISSES += [(_SDPA, "mask_model_term", _band_mask, "s", {}), (_SDPA, "rope_o
                 ("fuse_attention_block.qkv_attention_out", "rope_full_rotary", lambda: _block_ropes(n_rot=8), "s",
                  {}),
                 ("fuse_attention_block.qkv_attention_out", "rope_halves", _block_interleaved, "s", {}),
-                ("fuse_attention_block.qkv_attention_out", "rope_one_table", lambda: _block_two_tables(), "attn", {})]
+                ("fuse_attention_block.qkv_attention_out", "rope_one_table", lambda: _block_two_tables(), "attn", {}),
+                ("fuse_attention_block.qkv_attention_out", "rope_dtype", lambda: _block_two_rope_dtypes(), "s", {})]
+
+
+def _block_two_rope_dtypes():
+    """An f16 block's Q rotated in f32 and K in f64, each between casts (`test_block_rope_dtype`): the block names
+    K's cast."""
+    from test_block_rope_dtype import packed_f16_attention
+    g = packed_f16_attention(k_dtype="f64")
+    (attn,) = [n for n in g if n.op == Op.ATTENTION]
+    return g, {"s": g[g[attn.inputs[1]].inputs[0]].inputs[0]}
 
 
 def _norm_terms(**kw):

@@ -88,21 +88,26 @@ def swiglu(e: Emitter[V], a: dict[str, Any], x: Sequence[V]) -> V:
 def attention_block(e: Emitter[V], heads: int, head_dim: int, hidden: V, qkv_w: V, out_w: V, mask: V,
                     qkv_b: V | None = None, out_b: V | None = None,
                     rope: tuple[V, V] | None = None, kv: int | None = None, mask_fill: float | None = None,
-                    mask_kind: str = "keep") -> V:
+                    mask_kind: str = "keep", rope_dtype: str | None = None) -> V:
     """QKV projection, split Q|K|V on the last axis (widths H, KV, KV with H = heads*head_dim and
     KV = kv*head_dim; MHA when `kv` is None: 0/H/2H), [RoPE on q, k], masked SDPA (grouped-query
     when kv < heads), output projection.
 
     `mask_kind` (`ops.BLOCK_MASK_KINDS`): `keep`, a `[B, S]` keep mask, with `mask_fill` None = binary and a
     float = Hugging Face's `(1 - mask) * fill`; `additive`, a bias broadcastable to `[B, heads, S, S]` added to
-    the scaled scores as it is (see `ops.MASK_KINDS`)."""
+    the scaled scores as it is (see `ops.MASK_KINDS`). `rope_dtype` (with `rope`): the dtype Q and K are rotated in,
+    cast to it before the rope and back to the projection's dtype after (`cast(rope(cast(q, f32)), f16)`: a float16
+    model whose rotation promotes to float32 tables, as `fuse_sdpa.cast_heads` leaves it); None: the projection's."""
     qkv = e.linear(hidden, qkv_w, qkv_b)
     width, kv_width = heads * head_dim, (kv or heads) * head_dim
     axis = len(e.shape_of(qkv)) - 1
     q = e.narrow(qkv, axis, 0, width)
     k = e.narrow(qkv, axis, width, kv_width)
     v = e.narrow(qkv, axis, width + kv_width, kv_width)
-    if rope is not None:
+    if rope is not None and rope_dtype is not None:
+        dt = e.dtype_of(q)
+        q, k = (e.cast(e.rope(e.cast(t, rope_dtype), *rope, head_dim), dt) for t in (q, k))
+    elif rope is not None:
         q, k = e.rope(q, *rope, head_dim), e.rope(k, *rope, head_dim)
     att = e.attention(q, k, v, mask, num_heads=heads, head_dim=head_dim, mask_kind=mask_kind,
                       num_kv_heads=None if kv in (None, heads) else kv, mask_fill=mask_fill)
@@ -112,11 +117,13 @@ def attention_block(e: Emitter[V], heads: int, head_dim: int, hidden: V, qkv_w: 
 @decomposition(Op.FUSED_ATTENTION_BLOCK)
 def fused_attention_block(e: Emitter[V], a: dict[str, Any], x: Sequence[V]) -> V:
     """Operands by role (`ops.operand_roles`): hidden, qkv_w, out_w, mask, [qkv_b, out_b], [rope_cos,
-    rope_sin] -> attention output `[B, S, H]`; `qkv_w` is `[hidden, (num_heads + 2*num_kv_heads)*head_dim]`."""
+    rope_sin] -> attention output `[B, S, H]`; `qkv_w` is `[hidden, (num_heads + 2*num_kv_heads)*head_dim]`; Q and K
+    rotated in `rope_dtype` when set (`attention_block`)."""
     r = unpack(Op.FUSED_ATTENTION_BLOCK, a, x)
     rope = (r["rope_cos"], r["rope_sin"]) if "rope_cos" in r else None
     return attention_block(e, a["num_heads"], a["head_dim"], r["hidden"], r["qkv_w"], r["out_w"], r["mask"],
-                           r.get("qkv_b"), r.get("out_b"), rope, kv_heads(a), a.get("mask_fill"), a.get("mask", "keep"))
+                           r.get("qkv_b"), r.get("out_b"), rope, kv_heads(a), a.get("mask_fill"), a.get("mask", "keep"),
+                           a.get("rope_dtype"))
 
 
 @decomposition(Op.FUSED_TRANSFORMER_LAYER)

@@ -439,6 +439,7 @@ def _fab(attrs: dict[str, Any], x: Sequence[TensorType]) -> TensorType:
                     "mask_fill": attrs.get("mask_fill")}, (attn, packed, packed, mask))
     if has_rope:
         _rope({"head_dim": d, "n_rot": d}, (attn, r["rope_cos"], r["rope_sin"]))
+    _check(attrs.get("rope_dtype") is None or has_rope, "rope_dtype is the dtype of the RoPE: it needs has_rope=True")
     return _linear(attn, r["out_w"], r.get("out_b"), "out")
 
 

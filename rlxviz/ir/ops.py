@@ -379,7 +379,9 @@ SPECS.update({
         "has_bias": _a(bool, required=False, default=True), "has_rope": _a(bool, required=False, default=False),
         "num_kv_heads": _a(int, _NONE, required=False, default=None),
         "mask_fill": _a(int, float, _NONE, required=False, default=None),
-        "mask": _a(str, required=False, default="keep", choices=BLOCK_MASK_KINDS)}, roles=_attention_block_roles),
+        "mask": _a(str, required=False, default="keep", choices=BLOCK_MASK_KINDS),
+        "rope_dtype": _a(str, _NONE, required=False, default=None, choices=(None, "f32", "f16", "bf16", "f64"))},
+        roles=_attention_block_roles),
     Op.FUSED_TRANSFORMER_LAYER: OpSpec((14,), {
         "num_heads": _a(int), "head_dim": _a(int), "intermediate_size": _a(int),
         "eps1": _a(int, float), "eps2": _a(int, float),

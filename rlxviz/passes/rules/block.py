@@ -16,6 +16,12 @@ attribute `mask`, `additive` adds the operand to the scaled scores as the attent
 input, fully masked rows included (the same op computes them). A zero bias is exact:
 `x + 0 == x` for every x (finite, infinite or NaN; -0.0 + 0 gives +0.0, which compares equal).
 
+Q and K rotated in another float dtype between casts, `cast(rope(cast(narrow(qkv), T), cos, sin), D)` (a float16
+model whose `apply_rotary_pos_emb` promotes to float32 tables: OLMo; the form `fuse_sdpa.cast_heads` leaves), are the
+block's `rope_dtype` T: its decomposition emits the same casts around the same rope, so it is the matched chain
+again, exact for every input. Guard `rope_dtype`: Q and K both rotated in one float dtype T, each cast back to the
+projection's dtype D (one attribute holds one dtype for both).
+
 A `default_scale` refusal of the default scale applied to Q before its RoPE (ESM: `fuse_sdpa` folds no scale through
 a rotation) is another gap, `FusedAttentionBlock with the scale applied to Q before RoPE` (`scale_blame
 .pre_rope_scale`: nothing to change in the model, a compiler fix in `fuse_sdpa`).
@@ -131,6 +137,9 @@ def _explain_unfused_bias(c: Ctx) -> str:
             f"leave the bias outside")
 
 
+_ABSORBED = ("qkv", "q", "k", "q_up", "k_up", "q_rope", "k_rope", "q_down", "k_down", "v", "attn", "out")
+
+
 def _block_rewrite(c: Ctx, rw: Rewriter) -> int:
     """The FusedAttentionBlock; a projection that is a bare matmul (no bias) gets a zero bias
     `expand(0.0, [N])` as its bias operand: `x @ w + 0 == x @ w` for every input, so the block computes
@@ -139,7 +148,9 @@ def _block_rewrite(c: Ctx, rw: Rewriter) -> int:
     attrs = {"num_heads": attn["num_heads"], "head_dim": attn["head_dim"], "has_bias": True,
              "has_rope": "q_rope" in c, "num_kv_heads": attn.get("num_kv_heads"), "mask_fill": attn.get("mask_fill")}
     attrs["mask"] = attn["mask"]  # keep or additive (guard mask_kind_keep): the attention's operand, as it is
-    absorbed = [c.id(r) for r in ("qkv", "q", "k", "q_rope", "k_rope", "v", "attn", "out") if r in c]
+    if "q_up" in c:  # Q and K rotated in this dtype between casts (guard rope_dtype)
+        attrs["rope_dtype"] = c["q_up"].dtype.value
+    absorbed = [c.id(r) for r in _ABSORBED if r in c]
     ins = []
     with rw.provenance(absorbed):
         for r in operand_roles(Op.FUSED_ATTENTION_BLOCK, attrs, 0):
@@ -235,11 +246,53 @@ def _self_attention(c: Ctx) -> Fail | None:
 
 def _rotated(tag: str) -> P:
     """Q or K of the block: a narrow of the packed QKV projection, or that narrow rotated by the rope op (the
-    block's `has_rope`: one cos/sin table pair for Q and K)."""
+    block's `has_rope`: one cos/sin table pair for Q and K), or rotated in another float dtype between two casts,
+    `cast(rope(cast(narrow, T)), D)` (the block's `rope_dtype` T: a float16 model whose rotation promotes to float32
+    tables, the form `fuse_sdpa.cast_heads` leaves; guard `rope_dtype`)."""
     narrow = P(Op.NARROW, P.var("qkv"), name=tag)
     one = ("Q and K must be rotated by one cos/sin table pair (the same nodes): here each reads its own; if the two "
            "hold the same values, compute the table once in the model")
-    return P(Op.ROPE, narrow, P.var("rope_cos", hint=one), P.var("rope_sin", hint=one), name=f"{tag}_rope") | narrow
+
+    def rope(x: P) -> P:
+        return P(Op.ROPE, x, P.var("rope_cos", hint=one), P.var("rope_sin", hint=one), name=f"{tag}_rope")
+
+    return rope(narrow) | narrow | P(Op.CAST, rope(P(Op.CAST, narrow, name=f"{tag}_up")), name=f"{tag}_down")
+
+
+_CASTS = ("q_up", "k_up", "q_down", "k_down")
+ROPE_DTYPES_GAP = "FusedAttentionBlock with Q and K rotated in two dtypes"
+"""What rlxviz's block lacks for Q and K rotated in different dtypes (`rope_dtype` holds one for both)."""
+
+
+def _rope_dtype_fault(c: Ctx) -> tuple[str, str] | None:
+    """`(role, why)` when the casts around Q's and K's rotations are no `rope_dtype` of one block (the role of the
+    cast at fault), None when they are one, or when neither rotation has them: both rotations between casts, into
+    one float dtype T and back to the projection's dtype."""
+    ups = [r for r in ("q_up", "k_up") if r in c]
+    if not ups:
+        return None
+    if len(ups) == 1:
+        other = "k_rope" if ups[0] == "q_up" else "q_rope"
+        return ups[0], (f"{c.d(ups[0])} casts {ups[0][0].upper()} to {c[ups[0]].dtype} for its rotation and "
+                        f"{c.d(other)} rotates in {c[other].dtype} without a cast; FusedAttentionBlock rotates Q "
+                        f"and K in one dtype (rope_dtype)")
+    if c["q_up"].dtype != c["k_up"].dtype or not c["q_up"].dtype.is_float:
+        return "k_up", (f"{c.d('q_up')} casts Q to {c['q_up'].dtype} and {c.d('k_up')} casts K to "
+                        f"{c['k_up'].dtype} for their rotations; FusedAttentionBlock rotates Q and K in one float "
+                        f"dtype (rope_dtype)")
+    back = [r for r in ("q_down", "k_down") if c[r].dtype != c["qkv"].dtype]
+    if back:
+        return back[0], (f"{c.d(back[0])} casts the rotation to {c[back[0]].dtype}, not back to the projection's "
+                         f"{c['qkv'].dtype}; FusedAttentionBlock casts its rotated Q and K back to the projection's "
+                         f"dtype")
+    return None
+
+
+def _fault(c: Ctx) -> tuple[str, str]:
+    """`_rope_dtype_fault` of a refused match (the guard's explanation and subject)."""
+    found = _rope_dtype_fault(c)
+    assert found is not None
+    return found
 
 
 ROPE_ONE_OPERAND_GAP = "FusedAttentionBlock with RoPE on Q or K alone"
@@ -386,15 +439,20 @@ def _own_tables(c: Ctx) -> tuple[Node, Node] | None:
     reads one pair for both, so it has no form for them. Q/K in another layout (a reshape of the packed projection)
     is left to `qkv_packed`."""
     g, attn = c.graph, c["attn"]
-    q, k = g[attn.inputs[0]], g[attn.inputs[1]]
+    q, k = (_uncast(g, g[i]) for i in attn.inputs[:2])
     if q.op != Op.ROPE or k.op != Op.ROPE or all(same_computation(g, a, b) for a, b in zip(q.inputs[1:3],
                                                                                            k.inputs[1:3],
                                                                                            strict=True)):
         return None
-    qn, kn = g[q.inputs[0]], g[k.inputs[0]]
+    qn, kn = _uncast(g, g[q.inputs[0]]), _uncast(g, g[k.inputs[0]])
     if qn.op == kn.op == Op.NARROW and qn.inputs[0] == kn.inputs[0]:
         return q, k
     return None
+
+
+def _uncast(g: Graph, n: Node) -> Node:
+    """The node a cast reads (a rotation computed in another dtype, `cast(rope(cast(narrow)))`), else `n`."""
+    return g[n.inputs[0]] if n.op == Op.CAST else n
 
 
 def same_computation(g: Graph, a: int, b: int, depth: int = 16) -> bool:
@@ -451,9 +509,13 @@ BLOCK = Rule(
               fix=ROPE_TABLES_FIX).lacking(("attention",), ROPE_TABLES_GAP),
         Shape("qkv_packed", "attn", P(Op.ATTENTION, _rotated("q"), _rotated("k"), P(Op.NARROW, P.var("qkv"), name="v"),
                                       P.var("mask"), name="attn"),
-              "q, k and v must be narrows of one QKV projection (q and k may be rotated by one rope): run "
-              "fuse_shared_input_matmul first"),
+              "q, k and v must be narrows of one QKV projection (q and k may be rotated by one rope, in another "
+              "float dtype between casts): run fuse_shared_input_matmul first"),
         *ROPE_GUARDS,
+        guard("rope_dtype", lambda c: _rope_dtype_fault(c) is None, lambda c: _fault(c)[1],
+              "rotate Q and K in one dtype", requires=("attn", "qkv"), optional=(*_CASTS, *_ROPES),
+              kind=NOT_RECOGNIZED, subject=lambda c: c.id(_fault(c)[0]),
+              fix="a FusedAttentionBlock rope_dtype for Q and one for K").lacking(("attention",), ROPE_DTYPES_GAP),
         guard("qkv_split", _split_at, _explain_split, "split Q/K/V at 0/H/2H of the last axis",
               requires=("qkv", "attn", "q", "k", "v"), kind=NOT_RECOGNIZED,
               fix="permute the packed weight's columns to Q/K/V order, or slice the extra width off"),
@@ -480,7 +542,7 @@ BLOCK = Rule(
               requires=("out",), kind=NOT_RECOGNIZED, subject=lambda c: c.id("out"),
               fix="take the bias add into the block when the raw product has other readers"),
     ),
-    result="out", absorb=("qkv", "q", "k", "q_rope", "k_rope", "v", "attn", "out"), rewrite=_block_rewrite,
+    result="out", absorb=_ABSORBED, rewrite=_block_rewrite,
     doc="QKV linear -> narrows -> attention(keep|additive) -> out linear -> FusedAttentionBlock (a bias-less QKV or "
         "output projection gets a zero bias: exact)")
 

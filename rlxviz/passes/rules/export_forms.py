@@ -96,6 +96,7 @@ from ..guard import EPILOGUE_ACTIVATIONS, ILLEGAL, MODEL_TERM, NOT_RECOGNIZED, N
 from ..pattern import P, const_value, is_const
 from ..refusal_kinds import COMPILER_ONLY
 from ..rule import QUIET, Fail, Rule, reports
+from .head_layout import remove_shared
 from .table_mask import BIAS_THEN_TABLE_MASK, LOWEST, const_entries, is_score_matmul
 
 
@@ -540,6 +541,7 @@ def _head_split_of_cut(c: Ctx, rw: Rewriter) -> int:
         cut = rw.emit(Op.NARROW, [c.id("x")], axis=2, start=start, length=length)
         out = rw.emit(Op.RESHAPE, [cut], shape=tuple(c["split"].shape))
     rw.replace(c.id("split"), out)
+    remove_shared(rw, [c.id("cut"), c.id("r")])  # the old cut and view go with their last reader (a QKV's extra user)
     return out
 
 
@@ -570,6 +572,7 @@ def _one_head_of_cut(c: Ctx, rw: Rewriter) -> int:
         heads = rw.emit(Op.RESHAPE, [cut], shape=(b, s, 1, length))
         out = rw.emit(Op.TRANSPOSE, [heads], perm=(0, 2, 1, 3))
     rw.replace(c.id("cut"), out)
+    remove_shared(rw, [c.id("r")])
     return out
 
 

@@ -23,7 +23,8 @@ stage of `fuse_sdpa` before `rope_heads` (`CAST_HEADS` also after it):
   else reads it.
 
 With both, `rope_heads` rewrites the float32 rotation to `rope(cast(x, f32), cos, sin)` (bit-exact: the module doc
-of `rope_heads`), the cast back to f16 sits on the packed rotated projection, and the attention packs reading it.
+of `rope_heads`), the cast back to f16 sits on the packed rotated projection, and the attention packs reading it;
+`fuse_attention_block` takes the casts around the rope into FusedAttentionBlock as its `rope_dtype` (`rules.block`).
 """
 
 from __future__ import annotations
