@@ -25,7 +25,7 @@ from .made import remade_in_run
 from .pipeline import PASSES, Pipeline
 from .placement import match_layer
 from .refusal_kinds import kind_words
-from .report import in_context, user_origin
+from .report import block_cost_in_context, in_context, user_origin
 from .trace import Match, PassStep, Rejection, Trace, layer_label, layer_of, same_stack_as
 from .whatif import MODEL, fix_form
 from .why.policy import OP_GAP_GROUP, WORKAROUND
@@ -523,7 +523,7 @@ def explain(source: Graph | Trace, layer: int, pipeline: Pipeline | None = None)
             mine = at.matches.get((rule, layer), [])
             rej = at.rejections.get((rule, layer), [])
             if mine:
-                soft = tuple((r.guard, r.kind, r.message) for r in rej if r.soft)
+                soft = tuple((r.guard, r.kind, block_cost_in_context(trace, r.message)) for r in rej if r.soft)
                 ex.outcomes.append(Outcome(at.name, rule, "fused",
                                            nodes=tuple(m.fused for m in mine if m.fused is not None), soft=soft))
                 ex.made[rule] = made_words(mine, at.taken, _form(rule), side_products(trace))

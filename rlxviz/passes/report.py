@@ -13,7 +13,7 @@ import re
 from collections.abc import Collection
 from dataclasses import dataclass
 
-from ..ir import Graph, Node
+from ..ir import Graph, Node, Op
 from ..ir.identity import DigestCache
 from .pipeline import PASSES, STAGES, Pipeline
 from .refusal_kinds import kind_words
@@ -163,7 +163,64 @@ def _in_context(trace: Trace, step: int, r: Rejection) -> tuple[str, str]:
             said[name] = _what_ran(trace, step, r, name) or m.group(0)
         return said[name]
 
-    return _RUN_FIRST.sub(sub, r.message), _RUN_FIRST.sub(sub, r.hint)
+    return _RUN_FIRST.sub(sub, block_cost_in_context(trace, r.message)), _RUN_FIRST.sub(sub, r.hint)
+
+
+BLOCK_PASS = "fuse_attention_block"
+"""The pass whose block `fuse_shared_input_matmul`'s cost test protects (`rules.shared_input`)."""
+
+_BLOCK_COST = re.compile(r"the attention block at (?P<att>attention \(node (?P<id>\d+)[^()]*\)) \((?P<why>[^()]*)\)")
+"""A cost the cost test names (`merge_keeps_fusions`): `the attention block at attention (node 233, PATH) (Q/K/V
+packed with it would be 192 wide instead of 64)`."""
+
+
+def _block_formed(trace: Trace, att: int) -> bool:
+    """Whether a FusedAttentionBlock of the run (in any version: a later layer fusion may take it) took attention
+    `att`, followed through the rewrites that re-made it (`_with_absorbed`: fuse_attention_block's qkv stage)."""
+    blocks = [n.id for n in _all_nodes(trace).values() if n.op == Op.FUSED_ATTENTION_BLOCK]
+    return any(att in _with_absorbed(trace, {b}) for b in blocks)
+
+
+def _block_refusal(trace: Trace, att: int) -> Rejection | None:
+    """The headline refusal of `BLOCK_PASS` anchored at attention `att` or at an attention re-made from it
+    (cohere's node 233 became node 259 in fuse_attention_block's qkv stage): one at a gap in rlxviz's ops first
+    (`why.standing.place_gaps`), else the last; None when it refused none there."""
+    from .why.standing import place_gaps  # the verdict's package reads this module
+
+    found = [x for s in trace.steps if s.family == BLOCK_PASS and not s.error for x in s.rejections
+             if x.headline and not x.soft and att in _with_absorbed(trace, {x.anchor})]
+    return next((x for x in found if place_gaps(trace, x)), found[-1] if found else None)
+
+
+def block_cost_in_context(trace: Trace, message: str) -> str:
+    """`message` with each attention block a cost test protects (`_BLOCK_COST`) that did not form in the end
+    (`_block_formed`) named as what holds it back here, from `BLOCK_PASS`'s refusal at that attention
+    (`_block_refusal`): at a gap in rlxviz's ops, `the attention block at attention (node 233, PATH) that
+    FusedAttentionBlock with interleaved RoPE would form (rlxviz lacks it: rope_halves; the compiler fix forms it;
+    Q/K/V packed ...)`. The cost test protects such a block on purpose (its compiler fix forms it), but "it would
+    cost the attention block" beside no block claimed a cost this run does not pay. Where the block formed,
+    `message` is returned as it is."""
+    if "the attention block at " not in message:
+        return message
+    from .why.standing import place_gaps  # the verdict's package reads this module
+
+    def sub(m: re.Match[str]) -> str:
+        att, why = int(m.group("id")), m.group("why")
+        if _block_formed(trace, att):
+            return m.group(0)
+        x = _block_refusal(trace, att)
+        head = f"the attention block at {m.group('att')}"
+        if x is None:
+            ran = any(s.family == BLOCK_PASS for s in trace.steps)
+            said = "made none there" if ran else "is not in the pipeline"
+            return f"{head}, which does not form in this run ({BLOCK_PASS} {said}; {why})"
+        gaps = place_gaps(trace, x)
+        if gaps:
+            return (f"{head} that {' and '.join(gaps)} would form (rlxviz lacks it: {x.guard}; the compiler fix "
+                    f"forms it; {why})")
+        return f"{head}, which {x.rule} does not form here ({x.guard}: {kind_words(x.kind, x.dead)}; {why})"
+
+    return _BLOCK_COST.sub(sub, message)
 
 
 def fix_line(trace: Trace, step: int, r: Rejection) -> str:
@@ -391,15 +448,17 @@ def left_out_rejections(trace: Trace, layers: Collection[int] | None = None) -> 
     return sorted(rows, key=lambda r: key(r.layer, r.anchor))  # stable: pass order between places of one anchor
 
 
-def left_out_line(r: Rejection) -> str:
-    """One line of `left_out`: `RULE @ %ANCHOR (PATH): GUARD [KIND]: MESSAGE`."""
-    return f"{r.rule} @ {place_label(r.anchor, r.path, with_node=True)}: {r.guard} [{r.kind}]: {r.message}"
+def left_out_line(trace: Trace, r: Rejection) -> str:
+    """One line of `left_out`: `RULE @ %ANCHOR (PATH): GUARD [KIND]: MESSAGE`, a protected attention block that did
+    not form named as what holds it back (`block_cost_in_context`, as `in_context` words it for the app)."""
+    message = block_cost_in_context(trace, r.message)
+    return f"{r.rule} @ {place_label(r.anchor, r.path, with_node=True)}: {r.guard} [{r.kind}]: {message}"
 
 
 def left_out(trace: Trace, layers: Collection[int] | None = None) -> list[str]:
     """`left_out_rejections` one line each (`left_out_line`). Which of them a fusion left out and which are no
     near-miss is the verdict's to say (`passes.why.verdict.RunVerdict.left_out_groups`)."""
-    return [left_out_line(r) for r in left_out_rejections(trace, layers)]
+    return [left_out_line(trace, r) for r in left_out_rejections(trace, layers)]
 
 
 def format_report(trace: Trace) -> str:
@@ -417,5 +476,5 @@ def format_report(trace: Trace) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["MissedFusion", "fix_line", "format_report", "in_context", "left_out", "left_out_line",
-           "left_out_rejections", "missed_fusions", "taken_by", "taken_later", "taken_places"]
+__all__ = ["MissedFusion", "block_cost_in_context", "fix_line", "format_report", "in_context", "left_out",
+           "left_out_line", "left_out_rejections", "missed_fusions", "taken_by", "taken_later", "taken_places"]

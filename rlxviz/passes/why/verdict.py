@@ -71,7 +71,7 @@ def left_out_groups(trace: Trace, layers: Iterable[int] | None = None) -> dict[s
     `left_out_group`: only the non-empty groups, in `LEFT_OUT_GROUPS` order, each in the run's order."""
     out: dict[str, list[str]] = {g: [] for g in LEFT_OUT_GROUPS}
     for r in left_out_rejections(trace, None if layers is None else set(layers)):
-        out[left_out_group(r)].append(left_out_line(r))
+        out[left_out_group(r)].append(left_out_line(trace, r))
     return {g: lines for g, lines in out.items() if lines}
 
 
