@@ -324,7 +324,8 @@ def _place(g: Graph, anchor: int, role: str | None = None, node: int | None = No
 def node_decisions(trace: Trace, node_id: int) -> list[dict[str, Any]]:
     """Every decision of the run about node `node_id`, one per (step, rule, candidate) with one outcome each: the
     facts `explain` reads (a rule's `Match` with what it left out, its soft `Rejection`s, as `Outcome.soft`; a
-    refused candidate's `Rejection`s), never the same guard twice.
+    refused candidate's `Rejection`s; a leftover-scan finding filed under the step, `Unrecognized.as_rejection`: each
+    step's `why.places.step_refusals`, as the chips and the matches table read them), never the same guard twice.
 
     A candidate whose guards are about several places (FusedTransformerLayer's: its two residual norms) binds the
     nodes of all: a refusal is told to the candidate's anchor, to the nodes its guard marks (`offending`, `subject`)
@@ -374,8 +375,9 @@ def node_decisions(trace: Trace, node_id: int) -> list[dict[str, Any]]:
     for k, s in enumerate(trace.steps):
         standings: dict[tuple[str, int], tuple[Rejection, tuple[str, str] | None]] | None = None
         marks: tuple[dict[tuple[str, int], GapNames], Followers] | None = None  # the step's gap places, once
+        refusals = step_refusals(trace, k)  # the step's, then the findings filed under it: as the chips and table
         soft: dict[tuple[str, int], list[Rejection]] = {}
-        for r in s.rejections:
+        for r in refusals:
             if r.soft:
                 soft.setdefault((r.rule, r.anchor), []).append(r)
         told: set[tuple[str, int]] = set()
@@ -415,7 +417,7 @@ def node_decisions(trace: Trace, node_id: int) -> list[dict[str, Any]]:
                          "gap": d["gap"], "left_out": [d]})
         bound: dict[tuple[str, int], list[Rejection]] = {}  # refused places binding the node, their refusals
         said: set[tuple[str, int]] = set()  # refused places that told the node a guard
-        for r in s.rejections:
+        for r in refusals:
             if r.soft and (r.rule, r.anchor) in told:
                 continue  # said with its fusion, above
             if node_id in r.bindings.values() and not r.soft:  # the candidate refused as a whole: at its anchor
