@@ -78,9 +78,9 @@ def _why(trace: Trace, layer: int | None, i: int) -> tuple[Graph, Overlay | None
     the Graph tab's before pane draws), its caption counting the layer's places (`layer_caption`): the pass of the
     layer's first counted rejection in the run's verdict (`RunVerdict`), or for a layer held back only by gaps in
     rlxviz's ops (`LayerVerdict.gap_only`) the pass of its first gap refusal, drawn `△`, its title saying so and naming
-    the layer's other gaps (`_gap_title`). A layer that fused as expected, one whose first rejection is no pass of the
-    run (an `unrecognized.*` finding), or no layer shows version `i`. One verdict: the text and the picture never name
-    different rejections."""
+    the layer's other gaps (`_gap_title`); for a layer whose first rejection is an `unrecognized.*` finding, the step
+    it is filed under, marked as its chip counts it (`why.places.step_refusals`). A layer that fused as expected, or no
+    layer shows version `i`. One verdict: the text and the picture never name different rejections."""
     k = why_step(trace, layer) if layer is not None and layer in layer_indices(trace.input) else None
     if k is not None and layer is not None:
         s = trace.steps[k]

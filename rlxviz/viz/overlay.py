@@ -98,12 +98,13 @@ def before_caption(step: PassStep, trace: Trace | None = None, layer: int | None
     which its `△` label names). Without `trace` (a step drawn on its own), a hard refusal's kind alone decides
     (`Rejection.near_miss`), as `app.derived.refusals` does then.
     """
-    mine = {(r.rule, r.anchor) for r in step.rejections if layer is None or r.layer == layer}
+    k = trace.index_of(step) if trace is not None else None
+    refusals = _refusals(trace, step)
+    mine = {(r.rule, r.anchor) for r in refusals if layer is None or r.layer == layer}
     anchors = {a for _, a in mine}
     scope = "in the graph" if layer is None else "in this layer"
     matches = sum(1 for m in step.matches if layer is None or m.layer == layer)
     head = f"before {trace.step_name(step) if trace is not None else step.pass_name}, {scope}: {matches} match(es)"
-    k = trace.index_of(step) if trace is not None else None
     if trace is not None and k is not None:
         from ..passes.why.places import places  # the verdict reads the pipeline; the overlay is drawn without it
         from ..passes.why.verdict import OP_GAP_GROUP
@@ -117,7 +118,7 @@ def before_caption(step: PassStep, trace: Trace | None = None, layer: int | None
         near = {(r.rule, r.anchor) for r in step.rejections if not r.soft and r.near_miss} & mine
         faded = {(r.rule, r.anchor) for r in step.rejections if not r.soft and not r.near_miss} & mine
         excused, nodes, gaps = len(faded), len({a for _, a in faded}), 0
-    guards = sum(1 for r in step.rejections if not r.soft and (r.rule, r.anchor) in near)
+    guards = sum(1 for r in refusals if not r.soft and (r.rule, r.anchor) in near)
     text = f"{head}, {_plural(len(near), 'rejected place', 'rejected places')}"
     if guards > len(near):
         text += f" ({_plural(guards, 'failing guard', 'failing guards')})"
@@ -127,6 +128,17 @@ def before_caption(step: PassStep, trace: Trace | None = None, layer: int | None
     if gaps:  # the chips' △: places at a gap in rlxviz's ops, a compiler fix (`places.Places.gaps`)
         text += ", △" + _plural(gaps, "place at a gap in rlxviz's ops", "places at gaps in rlxviz's ops")
     return text
+
+
+def _refusals(trace: Trace | None, step: PassStep) -> tuple[Rejection, ...]:
+    """`step`'s refusals as the chips read them (`passes.why.places.step_refusals`: its own, then the leftover scan's
+    findings filed under it), a step of `trace`; its own alone without `trace` (or a step of no trace)."""
+    k = trace.index_of(step) if trace is not None else None
+    if trace is None or k is None:
+        return tuple(step.rejections)
+    from ..passes.why.places import step_refusals  # the verdict reads the pipeline; the overlay is drawn without it
+
+    return step_refusals(trace, k)
 
 
 def place_groups(trace: Trace | None, step: PassStep) -> dict[tuple[str, int], str]:
@@ -254,14 +266,15 @@ def worded(trace: Trace, step: PassStep) -> tuple[Rejection, ...]:
     """`step`'s rejections (a step of `trace`) with their messages and hints as `explain`, the Why tab and the Matches
     & rejections table word them (`passes.report.in_context`: a "run P first" whose P ran before names what P
     decided there; the hint is `passes.report.fix_line`, the fix, never a copy of the message), so a tooltip says
-    what the text says. `step`'s own when it is no step of `trace`."""
+    what the text says; then the leftover scan's findings filed under it (`passes.why.places.step_refusals`), as the
+    chips count them. `step`'s own when it is no step of `trace`."""
     from ..passes.report import fix_line, in_context  # the report reads the pipeline; the overlay needs none
 
     k = trace.index_of(step)
     if k is None:
         return tuple(step.rejections)
     out = []
-    for r in step.rejections:
+    for r in _refusals(trace, step):  # a finding filed under the step too, as the chips count it
         message, hint = in_context(trace, k, r)[0], fix_line(trace, k, r)
         out.append(r if (message, hint) == (r.message, r.hint) else replace(r, message=message, hint=hint))
     return tuple(out)
@@ -354,11 +367,14 @@ class Overlay:
         """This overlay with `step`'s rejections (of `trace`) worded as `explain` and the table word them
         (`worded`), for an overlay made without the trace, its caption counting places as the chips do with the
         trace (`before_caption`), its labels read against the whole run as the after pane's are (`made`, `origin`:
-        `passes.made.where_now`, the absorbed ops' names)."""
-        groups = place_groups(trace, step) if self.rejections else {}
+        `passes.made.where_now`, the absorbed ops' names). An overlay that marks `step`'s refusals (all of them: none
+        for a step that refused nothing) marks the leftover scan's findings filed under it too (`worded`), as its chip
+        counts them; one made without marks (`before(step, rejections=False)`) stays so."""
+        marks = bool(self.rejections) or not step.rejections  # a finding under a step that refused nothing: drawn
+        groups = place_groups(trace, step) if marks else {}
         out = replace(self, rejections=worded(trace, step), standings=groups, gap_names=gap_names(trace, step, groups),
                       followers=gap_followers(trace, step, groups), caveats=gap_caveats(trace, step, groups)
-                      ) if self.rejections else self
+                      ) if marks else self
         # every node of the run, as `before(step, trace=...)` and the after pane read it: a product a later pass
         # absorbed is "now in FusedTransformerLayer %398" in both panes of one version, never "now gone" in one
         out = replace(out, made=made_in_run(trace), origin=all_versions(trace), makers=stage_makers(trace))

@@ -123,6 +123,13 @@ class RunFacts:
             self.cache["findings"] = {k: tuple(v) for k, v in out.items()}
         return self.cache["findings"]
 
+    def filed_step(self, rule: str, anchors: tuple[int, ...]) -> int | None:
+        """Index into `trace.steps` of the step `findings` files the finding of `rule` (`unrecognized.<family>`)
+        anchored at one of `anchors` under (a verdict's `Outcome.nodes`: the Why tab draws the graph before it); None
+        when no step holds it (a finding no step's graph holds, or `rule` no finding of the run)."""
+        return next((k for k, rs in sorted(self.findings().items())
+                     if any(r.rule == rule and r.anchor in anchors for r in rs)), None)
+
     def _unrecognized_here(self) -> list[Unrecognized]:
         """The run's "no rule recognizes this" findings, less those only the run's pipeline left unrecognized: a
         family whose pass the pipeline lacks, at a chain the canonical pipeline does recognize (that is a product

@@ -555,8 +555,8 @@ def _blocker(first: Outcome | None, made: set[tuple[str, str]]) -> str:
 def verdict_pass(trace: Trace, layer: int) -> str | None:
     """The pass of the layer's verdict: the pass whose rejection the verdict names first (the one "why didn't layer
     N fuse" answers with), or None when the layer fused as expected or its first rejection is no pass of the run
-    (an `unrecognized.*` finding). The drawing's "why" side reads this, so the picture beside the text is always
-    the text's rejection."""
+    (an `unrecognized.*` finding: `why_step` names the step it is filed under). The drawing's "why" side reads this,
+    so the picture beside the text is always the text's rejection."""
     first = layer_verdict(trace, layer).first
     return None if first is None or first.pass_name not in {s.pass_name for s in trace.steps} else first.pass_name
 
@@ -564,16 +564,16 @@ def verdict_pass(trace: Trace, layer: int) -> str | None:
 def why_step(trace: Trace, layer: int) -> int | None:
     """Index into `trace.steps` of the step whose graph before it the "why" drawing shows for `layer` (the app's Why
     tab, `session.render.View(side="why")`): the step that recorded the verdict's first counted rejection (a stage of
-    its pass, `fuse_sdpa/rope_heads`, for that stage's own rule's refusal; `verdict_pass`); else, for a layer held back
-    only by gaps in rlxviz's ops (`LayerVerdict.gap_only`: "fused as far as rlxviz's ops go"), the first step in run
-    order holding a refusal at one of its gaps' places (`LayerVerdict.gaps`: rule and anchors), the place its before
-    pane draws as a gap (`△`); None when the layer fused as expected (its refusals, if any, nothing to fix: `○`) or its
-    first rejection is no pass of the run (an `unrecognized.*` finding)."""
+    its pass, `fuse_sdpa/rope_heads`, for that stage's own rule's refusal; `verdict_pass`), or for an `unrecognized.*`
+    finding the step it is filed under (`RunFacts.filed_step`: a float `E[x^2] - E[x]^2` norm's, `canonicalize_norm`);
+    else, for a layer held back only by gaps in rlxviz's ops (`LayerVerdict.gap_only`), the first step in run order
+    holding a refusal at one of its gaps' places (`LayerVerdict.gaps`: rule and anchors), the place its before pane
+    draws as a gap (`△`); None when the layer fused as expected (its refusals, if any, nothing to fix: `○`)."""
     v = layer_verdict(trace, layer)
     if v.first is not None:
         name = verdict_pass(trace, layer)
-        if name is None:
-            return None
+        if name is None:  # a finding, drawn with its step's marks (`places.step_refusals`)
+            return RunFacts.of(trace).filed_step(v.first.rule, v.first.nodes)
         stage = next((k for k in range(len(trace.steps) - 1, -1, -1) if trace.steps[k].family == name
                       and trace.steps[k].is_stage and any(r.rule == v.first.rule for r in trace.steps[k].rejections)),
                      None)
