@@ -159,6 +159,38 @@ ONE_WORKER_FILES: dict[str, str] = {
 runs once (`pytest_xdist_make_scheduler`); the tests of other files are shared out one by one."""
 
 
+FIXTURE_SWEEPS: dict[str, str] = {
+    "test_exact_claims.py::test_no_exact_claim_on_a_differing_version_in_the_fixtures": "default load",
+    "test_fix_whatif.py::test_every_printed_fix_is_a_checked_what_if": "load at seq 8",
+    "test_verdict_parity.py::test_every_onnx_fixture_and_zoo_file_every_form_one_verdict": "explain's default load",
+    **{f"test_onnx_zoo.py::{t}": "the file's module cache (`_load`)" for t in (
+        "test_every_zoo_version_gives_pytorchs_numbers_on_the_reference_mlx_and_onnx_runtime",
+        "test_attention_packs_where_the_scores_are_plain_and_explain_names_the_block_elsewhere",
+        "test_the_closed_gaps_pack_every_attention_with_their_canonicalizations",
+        "test_an_additive_score_term_that_packs_is_named_by_its_kind",
+        "test_swins_window_padding_is_an_ir_pad_that_runs_on_mlx",
+        "test_albert_s_one_layer_module_called_twice_is_two_layers_that_each_fuse")},
+}
+"""`file::test` of the tests parametrized by one ONNX fixture (id: the file's name or stem) that load it, with what
+they load. Under `--dist loadgroup` the tests of one fixture are one unit (`work_unit`), run one after another on one
+worker, so the process's caches (`session.MODELS`, `clirun.file_inputs`, a file's own) load each fixture about once
+there, not once per test on whichever worker; shared out one test at a time, a zoo file was imported ~5 times."""
+
+
+def work_unit(nodeid: str) -> str | None:
+    """The unit `make test`'s scheduler keeps on one worker for the test `nodeid` (`tests/FILE::TEST[ID]`): the
+    file, for `ONE_WORKER_FILES`; `fixture:STEM` for a `FIXTURE_SWEEPS` test of fixture STEM (the id less `.onnx`);
+    None for a test shared out alone."""
+    path, _, test = nodeid.partition("::")
+    file = path.rsplit("/", 1)[-1]
+    if file in ONE_WORKER_FILES:
+        return file
+    name, _, param = test.partition("[")
+    if param and f"{file}::{name}" in FIXTURE_SWEEPS:
+        return "fixture:" + param[:-1].removesuffix(".onnx")
+    return None
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     missing = [f for f in (*SLOW_FILES, *COMPUTE_FILES, *SHARED_BROWSER_FILES, *ONE_WORKER_FILES)
                if not (HERE / f).is_file()]
@@ -178,7 +210,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             modules[item.path.name] = item.module
     shared = {f"{f}::{t}": "" for f, tests in SHARED_BROWSER_TESTS.items() for t in tests}
     for table, listed in (("SLOW_TESTS", SLOW_TESTS), ("COMPUTE_TESTS", COMPUTE_TESTS),
-                          ("SHARED_BROWSER_TESTS", shared)):
+                          ("SHARED_BROWSER_TESTS", shared), ("FIXTURE_SWEEPS", FIXTURE_SWEEPS)):
         stale = [n for n in listed if n.split("::")[0] in modules and not hasattr(modules[n.split("::")[0]],
                                                                                    n.split("::")[1])]
         if stale:
@@ -187,17 +219,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
-    """Under `--dist loadgroup`: xdist's scheduler, with every test of a `ONE_WORKER_FILES` file in one unit (an
-    `xdist_group` mark cannot do it under pytest 9: xdist 3.8 renames the item's old `_nodeid`, which pytest 9 no
-    longer reads). Any other `--dist`: xdist's own."""
+    """Under `--dist loadgroup`: xdist's scheduler, with every test of a `ONE_WORKER_FILES` file in one unit, and the
+    `FIXTURE_SWEEPS` tests of one fixture in one (`work_unit`; an `xdist_group` mark cannot do it under pytest 9:
+    xdist 3.8 renames the item's old `_nodeid`, which pytest 9 no longer reads). Any other `--dist`: xdist's own."""
     if config.getoption("dist") != "loadgroup":
         return None
     from xdist.scheduler import LoadGroupScheduling
 
     class OneWorkerFiles(LoadGroupScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            file = nodeid.split("::", 1)[0].rsplit("/", 1)[-1]
-            return file if file in ONE_WORKER_FILES else super()._split_scope(nodeid)
+            unit = work_unit(nodeid)
+            return unit if unit is not None else super()._split_scope(nodeid)
 
     return OneWorkerFiles(config, log)
 
