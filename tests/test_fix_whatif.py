@@ -3,9 +3,10 @@ graph and printed only when the numbers stay the unfused original's and the fusi
 
 The Done-when sweep (`test_every_printed_fix_is_a_checked_what_if`, slow) runs every handed case (tests/data/cases,
 copied from ../shared/cases, and tests/data/diag, tests/data/epilogue), every preset (with the teaching variants) and
-every ONNX fixture (tests/fixtures/onnx, its zoo and the handed ONNX cases); a fast sample of the same check runs
-unmarked. The check re-does each what-if here (its own reference runs and its own count of fusions), so it does not
-take `session.advice`'s word for it.
+every ONNX fixture (tests/fixtures/onnx and the handed ONNX cases) and of the zoo one file per architecture that
+covers every export form (`zoo_sample`: 56 of 138; every zoo file with `RLXVIZ_SWEEP=all`); a fast sample of the
+same check runs unmarked. The check re-does each what-if here (its own reference runs and its own count of fusions),
+so it does not take `session.advice`'s word for it.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from clirun import file_inputs
+from zoo_sample import zoo_files
 
 from rlxviz.cli import main
 from rlxviz.ir import Builder, Graph, Op, parse_ir
@@ -265,8 +267,8 @@ def _handed() -> list[str]:
 
 def _fixtures() -> list[str]:
     onnx = TESTS / "fixtures" / "onnx"
-    return sorted(str(p) for p in [*onnx.glob("*.onnx"), *(onnx / "cases").glob("*.onnx"), *(onnx / "zoo").glob(
-        "*.onnx")] if p.stem != "minilm")  # minilm.onnx keeps its weights in a file not in the fixtures
+    return sorted(str(p) for p in [*onnx.glob("*.onnx"), *(onnx / "cases").glob("*.onnx"), *zoo_files()]
+                  if p.stem != "minilm")  # minilm.onnx keeps its weights in a file not in the fixtures
 
 
 PRESETS = ["bert-tiny:" + v for v in ("none", "output_intermediate", "extra_h1_user", "tanh_gelu", "pre_ln",

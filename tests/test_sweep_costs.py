@@ -47,3 +47,19 @@ def test_one_fixture_s_sweep_tests_are_one_work_unit():
     assert work_unit("tests/test_exact_claims.py::test_no_exact_claim_on_a_differing_version[n4-15.rlx]") is None
     name = sorted(ONE_WORKER_FILES)[0]
     assert work_unit(f"tests/{name}::test_x[1]") == name
+
+
+def test_the_zoo_sample_keeps_every_architecture_and_every_form(monkeypatch):
+    """`zoo_sample`: the sweeps' sample holds a file of each architecture and of each export form, fewer files than
+    the zoo; `RLXVIZ_SWEEP=all` gives every file."""
+    from zoo_sample import every_architecture_and_form, zoo_files
+
+    every = sorted(ZOO.glob("*.onnx"))
+    kinds = [{p.stem.split(".", 1)[i] for p in every} for i in (0, 1)]
+    sample = every_architecture_and_form(every)
+    assert [{p.stem.split(".", 1)[i] for p in sample} for i in (0, 1)] == kinds
+    assert len(sample) < len(every) * 0.5
+    fake = [Path(f"{a}.{f}.onnx") for a, f in (("x", "kv"), ("x", "eager"), ("y", "eager"), ("z", "fp16"))]
+    assert [p.stem for p in every_architecture_and_form(fake)] == ["x.kv", "y.eager", "z.fp16"]
+    monkeypatch.setenv("RLXVIZ_SWEEP", "all")
+    assert zoo_files() == every
