@@ -30,10 +30,11 @@ from ..passes.trace import (
     family_of,
     layer_label,
     layer_of,
+    own_key,
     reading_order,
     whose_place,
 )
-from ..passes.why.facts import RunFacts
+from ..passes.why.facts import RunFacts, layer_indices
 from ..passes.why.places import gap_workaround, place_standings, place_status, step_refusals
 from ..passes.why.standing import standing as refusal_standing
 from ..passes.why.verdict import OP_GAP_GROUP, RunVerdict
@@ -242,7 +243,8 @@ def node_report(graph: Graph, node_id: int, trace: Trace | None = None,
 
     Returns:
         dict with `id, op, attrs, shape, dtype, path, layer, pass_name, absorbed, ir, operands` (role lines; with
-        `trace`, `layer` and `place` say where it sits, `placement.sits`; `absorbed`: the ids it replaced itself),
+        `trace`, `layer` and `place` say where it sits, `placement.sits`, `layer` as the model's own key so its label
+        names the stack where there are two, `decoder layer 0`; `absorbed`: the ids it replaced itself),
         `record` (`Node.absorbed`, the IR line's `<-` list), `users` (lines), `is_output`, `weights` ((name,
         lines) per weight tensor, at most `WEIGHTS_SHOWN`),
         `weights_held` (every weight's name, `weight_names`), `host`: where an `onnx_op` runs (`session.host_words`,
@@ -284,12 +286,15 @@ def node_report(graph: Graph, node_id: int, trace: Trace | None = None,
     report["onnx_product"] = f"{b.op} %{b.product}" if b is not None and node_id not in onnx_nodes else ""
     report["onnx_domains"] = ({name: onnx_domains[name] for _, name in report["onnx"] if name in onnx_domains}
                               if onnx_domains else {})
-    if trace is None:
+    if trace is None:  # its layer as the graph's own key: `decoder layer 0` where the graph has two stacks
+        report["layer"] = own_key(layer_indices(graph), report["layer"])
         return report
     report["made"] = made_words(node_id, graph, beside, versions)  # its product named in `graph` (`where_now`)
     report["was"] = {r.old: r.what} if (r := remade_in_run(trace).get(node_id)) is not None else {}  # gptj's %214
     report["decisions"] = node_decisions(trace, node_id)
-    report["layer"], report["place"] = sits(trace, n)  # where its box and `explain` say it sits, not its path
+    layer, report["place"] = sits(trace, n)  # where its box and `explain` say it sits, not its path
+    # as the model's own key (`trace.own_key`), so `layer_label` names it as every view does: `decoder layer 0`
+    report["layer"] = own_key(RunFacts.of(trace).layers, layer)
     report["verdict"] = _verdict(trace, report["layer"], verdict)
     return report
 
@@ -439,7 +444,7 @@ def node_decisions(trace: Trace, node_id: int) -> list[dict[str, Any]]:
                      "standing_why": _own_why(trace, r, head, st) if note is None else "",
                      "follower": note,
                      "gap_workaround": gap_workaround(trace, head, st) and note is None,
-                     "role": _role(s.before, r, node_id, role),
+                     "role": _role(s.before, r, node_id, role, RunFacts.of(trace).layers),
                      "outcome": "left out" if r.soft else f"rejected ({r.stage})", "guard": r.guard,
                      "message": message, "hint": hint, "kind": r.kind, "fix": r.fix, "dead": r.dead,
                      "anchor": r.anchor,
@@ -535,21 +540,17 @@ def _own_why(trace: Trace, r: Rejection, head: Rejection, st: tuple[str, str] | 
     return st[1]
 
 
-def _role(g: Graph, r: Rejection, node_id: int, role: str | None) -> str:
-    """The role of node `node_id` of `g` in refusal `r`: its bound role's label, else `anchor`, else `_offending`'s;
-    with whose place it is where the node lies in another layer than the place (`trace.whose_place`: `the bias add in
+def _role(g: Graph, r: Rejection, node_id: int, role: str | None, keys: Sequence[int] = ()) -> str:
+    """The role of node `node_id` of `g` in refusal `r`: its bound role's label, else `anchor`, else `offending`; with
+    whose place it is where the node lies in another layer than the place (`trace.whose_place`: `the bias add in
     layer 0` on a bias add a graph optimizer named after layer 1's norm, whose refusal is filed in its matmul's layer
-    0 by `trace.REFUSAL_LAYER_RULE`), as its drawn mark says."""
+    0 by `trace.REFUSAL_LAYER_RULE`), as its drawn mark says. `keys`: the model's layer keys (`RunFacts.layers`),
+    so that layer is named as every view names it (`encoder layer 0` in an encoder-decoder model, `trace.own_key`)."""
+    layer = own_key(keys, r.layer)
     if not role and r.anchor != node_id:
-        return _offending(g, r, node_id)
-    return (role_label(r.rule, role) if role else "anchor") + whose_place(r.layer, g[node_id].path if node_id in g
+        return "offending" + whose_place(layer, g[node_id].path if node_id in g else "")
+    return (role_label(r.rule, role) if role else "anchor") + whose_place(layer, g[node_id].path if node_id in g
                                                                           else "")
-
-
-def _offending(g: Graph, r: Rejection, node_id: int) -> str:
-    """The role of a node that refusal `r` names offending: `offending`, and whose place it is where the node lies in
-    another layer (`trace.whose_place`: `offending in layer 0` on n4-13's layer-1 attention), as its drawn mark says."""
-    return "offending" + whose_place(r.layer, g[node_id].path if node_id in g else "")
 
 
 def _verdict(trace: Trace, layer: int | None, run: RunVerdict | None = None) -> dict[str, Any] | None:

@@ -8,6 +8,7 @@ from typing import Any
 
 from ..ir.printer import shown_line, shown_value
 from ..passes.refusal_kinds import kind_words
+from ..passes.trace import layer_label
 from ..passes.why.places import LEFT_OUT_STATUS
 from ..passes.why.places import REJECTED as NEAR_MISS
 from ..passes.why.text import left_out_heading
@@ -40,7 +41,7 @@ def report_markdown(rep: dict[str, Any]) -> str:
     `md_code` / `md_pre`."""
     lines = [f"#### %{rep['id']} {md_code(rep['op'])} : {md_escape(rep['dtype'])}{md_escape(str(rep['shape']))}"]
     if rep["path"]:  # where it sits (`placement.sits`): a layer, or its place outside the layers (`final norm`)
-        at = f" (layer {rep['layer']})" if rep["layer"] is not None else \
+        at = f" ({layer_label(rep['layer'])})" if rep["layer"] is not None else \
             md_escape(f" (outside the layers: {rep['place']})") if rep.get("place") else ""
         lines.append(f"**provenance** {md_code(rep['path'])}{at}")
     if onnx := onnx_markdown(rep):  # the names Netron and Model Explorer show, so the node can be found there
@@ -56,7 +57,7 @@ def report_markdown(rep: dict[str, Any]) -> str:
         lines.append(f"**created by** {md_code(rep['pass_name'])}{replacing}")
     v = rep.get("verdict")
     if v is not None:  # the layer's verdict, as explain and the Why tab state it
-        label = md_escape(v.get("label") or f"layer {v['layer']}")
+        label = md_escape(v.get("label") or layer_label(v["layer"]))  # `decoder layer 0`, as the Why tab says it
         if v["fused"]:
             status = v.get("status", "fused")  # the verdict's own words (`LayerVerdict.status`)
             lacks = "".join(f"; rlxviz's ops lack: {md_escape(g)}" for g in v.get("gaps") or [])  # as `explain` says

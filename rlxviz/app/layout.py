@@ -33,7 +33,7 @@ export function render({ model, el }) {
 """
 
 
-def _next_tick(fn: Callable[[], object]) -> None:
+def next_tick(fn: Callable[[], object]) -> None:
     """`fn` on the page's next tick, after the step running now has sent its events (`step.frozen_step`); at once
     outside a served page."""
     doc = pn.state.curdoc
@@ -48,7 +48,7 @@ def follow_editor(tabs: pn.Tabs, editor_tab: int, shown: param.Parameterized, st
     """Open the IR editor tab when the sidebar's source becomes "IR text" (`shown.shown`) or an IR text fails to
     load (`state.ir_error`, its line marked there); go to the Graph tab (0) when "Load IR" is pressed."""
     shown.param.watch(lambda e: e.new == "ir" and setattr(tabs, "active", editor_tab), "shown")
-    state.param.watch(lambda e: e.new is not None and _next_tick(lambda: setattr(tabs, "active", editor_tab)),
+    state.param.watch(lambda e: e.new is not None and next_tick(lambda: setattr(tabs, "active", editor_tab)),
                       "ir_error")
     load_button.on_click(lambda e: setattr(tabs, "active", 0))
 

@@ -16,6 +16,7 @@ from ..passes.why.verdict import STANDING_GROUPS
 from ..session import SessionError
 from .explain import decision_rows
 from .graphpane import OnnxNames, SvgGraph, ZoomScope, absorbed_index
+from .layout import next_tick
 from .stale import StaleMark, safe
 from .state import AppState
 from .text import md_escape, select_width
@@ -208,6 +209,13 @@ class DecisionTable(Viewer):
                          sizing_mode="stretch_both")  # the table takes the tab's height
 
 
+def working_line(layers: int) -> str:
+    """The Why tab's line while its answer and drawing are worked out (on the tab's first showing): `*Working out
+    why for 40 layers…*`, `*… for the whole graph…*` for a graph whose paths name no layer (`layers` 0)."""
+    what = f"{layers} layer{'s' if layers != 1 else ''}" if layers else "the whole graph"
+    return f"*Working out why for {what}…*"
+
+
 def show_layer(picker: pn.widgets.Select, options: dict[str, Any], layer: Any, **more: object) -> None:
     """Set a layer picker to `options` (`Derived.layer_options`) and `layer`, and send the browser the option of
     `layer` whatever the widget held: the new model's key equals the last model's of its index (`Layer.__eq__` leaves
@@ -232,7 +240,8 @@ class WhyView(Viewer):
         self._auto = True  # the layer shown was picked here, not by the user: each new run picks again
         self._syncing = False
         self.layer.param.watch(self._chosen, "value")
-        self.text = pn.pane.Markdown("", sizing_mode="stretch_width", css_classes=["rv-why"])
+        self.text = pn.pane.Markdown(working_line(len(s.layers())) if s.trace is not None else "",
+                                     sizing_mode="stretch_width", css_classes=["rv-why"])
         self.graph = SvgGraph(sizing_mode="stretch_both", min_height=520, css_classes=["rv-why-graph"])
         self._zoom = ZoomScope()  # another model fits its picture; a version step keeps the zoom
         self._names = OnnxNames()  # the search's ONNX node names, once per model
@@ -241,7 +250,9 @@ class WhyView(Viewer):
         s.param.watch(lambda e: setattr(self, "_auto", True), "model")
         s.param.watch(self._update, ["trace", "selected_layer", "version"])
         s.param.watch(lambda e: setattr(self.graph, "highlight", list(e.new)), "highlight")
-        self._update()
+        # the verdict and its drawing on the page's next tick: the tab is sent first with `working_line` in its
+        # pane (granite.qdq's drawing takes ~10 s, the pane stayed blank under the header's spinner till then)
+        next_tick(self._update)
 
     def _layers(self) -> dict[str, int | None]:
         return self.state.layer_options()
@@ -333,4 +344,4 @@ class WhyView(Viewer):
                                                    sizing_mode="stretch_both"), sizing_mode="stretch_both")
 
 
-__all__ = ["show_layer", "DecisionTable", "WhyView"]
+__all__ = ["show_layer", "working_line", "DecisionTable", "WhyView"]
