@@ -41,6 +41,7 @@ from .variantnote import variant_notice
 from .wording import (
     SHAPE_VARIANT,
     VARIANT_LABELS,
+    dims_notes,
     explain_error,
     stale_why,
     upload_model_name,
@@ -94,6 +95,8 @@ class Runs:
     _partial_asked: tuple[str | None, int] | None = None
     """While the input graph drawn first (`_show_input_first`) is shown: the (label, index) of the version selected
     before it, which the full trace selects again; None otherwise."""
+    _dims_from: tuple[str, str] = ("", "")
+    """(the Input dims box's text, the model last loaded with it): a refusal of the same text names that model."""
 
     def __init__(self, state: param.Parameterized) -> None:
         """`state`: the `AppState` whose jobs these are (its parameters are read and set through it)."""
@@ -119,7 +122,8 @@ class Runs:
             source=s.preset, batch=s.batch, seq=s.effective_seq,
             style=None if s.style == "default" else s.style, variant=s.variant,
             variant_layer=s.variant_layer, threshold=s.threshold, pipeline=tuple(s.pipeline_spec),
-            limits=Limits.resolve(), isolated=True)  # named as `explain` names the same passes (`pipeline_name`)
+            limits=Limits.resolve(), isolated=True,  # named as `explain` names the same passes (`pipeline_name`)
+            bounds=(("batch", s.param.batch.bounds[1]), ("seq", s.param.seq.bounds[1])))  # the boxes' for a dim too
 
     def _load_model(self) -> Model:
         s = self.state
@@ -224,6 +228,8 @@ class Runs:
                 return
             self._draw_ahead(trace)  # here, so that the page's thread finds the pictures it shows drawn
 
+            notes = dims_notes(model.meta, s.dims, s.batch, s.effective_seq) if new_model else []
+
             def show() -> None:
                 s.ir_error = None
                 self._kept = None  # the upload loaded: nothing to put back
@@ -240,8 +246,12 @@ class Runs:
                     # nothing of ONNX Runtime's fusions: `session.imported_forms`), the nodes run on the host before
                     # it, as `explain` prints them (`session.describe_host`: the app never named them)
                     host = session.describe_host(model.graph)
-                    text = "; ".join([checked[0], *([host] if host else []), *session.imported_forms(model)])
+                    text = "; ".join([checked[0], *([host] if host else []), *session.imported_forms(model), *notes])
                     s.param.update(message=s.with_switch(text), message_kind="info" if checked[1] else "danger")
+                elif notes:  # a dim that set the batch or sequence length: which value won (the CLI's note)
+                    s.param.update(message=s.with_switch("; ".join(notes)), message_kind="info")
+                if new_model and s.dims.strip() and session.dimroles.ROLES_META in model.meta:
+                    self._dims_from = (" ".join(s.dims.split()), model.name)
                 s._set_progress(80, "Drawing the graph…")
 
             page(show)
@@ -293,7 +303,9 @@ class Runs:
         # a syntax error's place, or the line defining the node a lint error names: the editor marks it
         at = (e.line, e.col, e.reason) if isinstance(e, IRSyntaxError | session.GraphTextError) and e.line else None
         s.ir_error = at if s.source == "ir" else None
-        s._error(explain_error(e, s.source, s.preset, onnx=self._asked_onnx(), text=s.ir_text if at else None))
+        kept = self._dims_from[1] if self._dims_from[0] == " ".join(s.dims.split()) else ""  # a box kept from it
+        s._error(explain_error(e, s.source, s.preset, onnx=self._asked_onnx(), text=s.ir_text if at else None,
+                               dims_from=kept))
         self._keep_shown()
         refused = isinstance(e, SourceError) or (s.source == "checkpoint" and self._model_key != s.model_key())
         if refused and s.model is not None and "Still showing" not in s.message:

@@ -11,8 +11,8 @@ from pathlib import PureWindowsPath
 from .. import session
 from ..ir import GraphError, IRSyntaxError, quote_place, syntax_error_line
 from ..models import VARIANTS
-from ..session import OVER_THRESHOLD, DimsMisfitError, GraphTextError, SessionError, UnboundDimsError
-from .sources import ONNX_UPLOAD_NAME, UPLOAD_PREFIX, SourceError
+from ..session import OVER_THRESHOLD, DimsMisfitError, GraphTextError, InputDimsError, SessionError, UnboundDimsError
+from .sources import ONNX_UPLOAD_NAME, UPLOAD_PREFIX, SourceError, parse_dims
 from .text import md_escape
 
 SHAPE_VARIANT = OVER_THRESHOLD
@@ -49,6 +49,8 @@ def scrub_paths(text: str, upload_dir: str, temp_dir: str, names: dict[str, str]
         base = upload_dir.rstrip("/")
         for stored, given in (names or {}).items():
             text = text.replace(f"{base}/{stored}", one_line(given))
+            # the session names a file by its name alone where it lists the file's dims (`session.dimroles`)
+            text = text.replace(f" {stored}'s inputs", f" {one_line(given)}'s inputs")
         text = text.replace(base, "upload")
     if temp_dir:
         text = re.sub(re.escape(temp_dir.rstrip("/")) + r"/(?=rlxviz-)", "<temp>/", text)
@@ -149,14 +151,43 @@ def misfit_remedy(e: DimsMisfitError) -> str:
             f"them does not fit the model's own fixed shapes; change or clear them in the sidebar's {DIMS_BOX} box.")
 
 
-def explain_error(e: Exception, source: str, preset: str, onnx: bool = False, text: str | None = None) -> str:
+SHAPE_BOXES = {"batch": "Batch", "seq": "Sequence length"}
+"""The sidebar's boxes a dim that sets the batch or sequence length overrides (`session.override_notes`' labels)."""
+
+
+def dims_refused(e: InputDimsError, dims_from: str = "") -> str:
+    """The session's refusal of the Input dims box's dims in the app's words (the CLI's, `--dim` said as the box):
+    `Input dims: sequence_lenght names no dimension of roberta.onnx's inputs (its named dims: batch, seq)`, then what
+    to do. `dims_from`: the model the box's same dims were last loaded with ('' none): a box kept from it says so."""
+    text = e.said_as(f"{DIMS_BOX}:")
+    if e.kind == "bound":
+        text += f"; it overrides the {SHAPE_BOXES[e.box]} box, which takes at most {e.most}"
+    if dims_from:
+        text += f"; the box still holds the dims given for {dims_from}"
+    return f"{text}: clear or change the {DIMS_BOX} box."
+
+
+def dims_notes(meta: dict, dims: str, batch: int, seq: int) -> list[str]:
+    """What the Input dims box's text `dims` overrode of the Batch and Sequence length boxes (`batch`, `seq`) for a
+    model with `meta`, one note each, as the CLI says it with `--dim` (`session.override_notes`): `sequence_length=40
+    from Input dims overrides Sequence length 16`. [] for a box that does not parse."""
+    try:
+        given = dict(parse_dims(dims))
+    except SourceError:
+        return []
+    return session.override_notes(meta, given, batch, seq, DIMS_BOX, SHAPE_BOXES)
+
+
+def explain_error(e: Exception, source: str, preset: str, onnx: bool = False, text: str | None = None,
+                  dims_from: str = "") -> str:
     """An exception as a message with what to do, matched by its type. `onnx`: the path or upload is an ONNX file,
     named so ("the uploaded ONNX file"; a newcomer's bart-full.onnx was "the uploaded checkpoint").
 
     An error in IR text says where, as the CLI does (`ir.syntax_error_line`: `IR text:3:16: IR syntax error: ...`;
     a lint error `IR text: line 3: invalid graph: ...`), then the line it points at with a caret under the column
     (`ir.quote_place`, the one formatter of the place; for a lint error the line of `text` that defines the node),
-    then what to do. The quoted line is data: the message pane shows it escaped (`statusbar._md_text`)."""
+    then what to do. The quoted line is data: the message pane shows it escaped (`statusbar._md_text`). `dims_from`:
+    the model the Input dims box's dims were last loaded with (`dims_refused`)."""
     kind = "ONNX file" if onnx else "checkpoint"
     what = {"preset": f"building preset {preset!r}", "checkpoint": f"loading the {kind} at the server path"
             if onnx else "loading the checkpoint folder",
@@ -168,6 +199,8 @@ def explain_error(e: Exception, source: str, preset: str, onnx: bool = False, te
         return app_remedy(e)
     if isinstance(e, DimsMisfitError):
         return misfit_remedy(e)
+    if isinstance(e, InputDimsError):
+        return dims_refused(e, dims_from)
     if isinstance(e, SourceError | SessionError):
         # `bert-tiny: variant layer 5 ...`, not `[build_bert] variant ...`
         return INTERNAL_NAME.sub("", str(e))
@@ -200,5 +233,5 @@ def stale_why(message: str) -> str:
     return line if line.endswith((".", "!", "?", "…")) else line + "."
 
 
-__all__ = ["STALE_WHY_CHARS", "explain_error", "hide_server_paths", "md_lines", "scrub_paths", "stale_why",
-           "timing_hint"]
+__all__ = ["SHAPE_BOXES", "STALE_WHY_CHARS", "dims_notes", "dims_refused", "explain_error", "hide_server_paths",
+           "md_lines", "scrub_paths", "stale_why", "timing_hint"]

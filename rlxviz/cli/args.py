@@ -64,7 +64,8 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dim", action="append", default=None, metavar="NAME=VALUE", type=_dim_arg,
                    help="an .onnx file: bind the symbolic dim NAME to VALUE (repeatable: --dim height=224 --dim "
                         "past_sequence_length=16); a dim written as an expression (past_sequence_length + "
-                        "sequence_length) follows from its names")
+                        "sequence_length) follows from its names; a NAME no input has is refused, and a dim that "
+                        "sets the batch or sequence length wins over --batch/--seq, said in a note")
     p.add_argument("--inputs", "-i", default=None, metavar="IN.npz",
                    help="input arrays (.npz, one per graph input by name): an .onnx file's inputs take their shapes "
                         "(and bind the dims they name); input_ids / hidden_states set --batch and --seq; explain and "

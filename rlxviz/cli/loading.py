@@ -136,6 +136,7 @@ def _run_model(args: argparse.Namespace, allow_crashes: bool = False, workload: 
     input, LimitError over the limit, and InternalError (exit 3) when a pass crashed, unless `allow_crashes`
     (`explain` prints its report first, then exits 3)."""
     from ..session import Limits, OpenRequest, VariantLayerError, check_workload, open_model, open_pipeline, open_trace
+    from ..session.dimroles import override_notes
 
     if args.batch < 1 or args.seq < 1:
         raise CLIError(f"--batch and --seq must be >= 1, got {args.batch} and {args.seq}")
@@ -154,6 +155,8 @@ def _run_model(args: argparse.Namespace, allow_crashes: bool = False, workload: 
     except VariantLayerError as e:  # `--variant-layer 9: bert-tiny has layers 0-1`, naming the option used
         raise CLIError(e.said_as(chosen_by)) from None
     _remember(model)  # before a refusal names its inputs
+    for note in override_notes(model.meta, dims, args.batch, args.seq, "--dim", {"batch": "--batch", "seq": "--seq"}):
+        _emit(f"note: {note}", sys.stderr)  # the shape built is the dim's, not the option's (the app says the same)
     check_workload(model, request, held_once=_on_cpu(args))  # what `workload` copies, before the run
     trace = open_trace(model.graph, request, pipe)
     _remember(trace)

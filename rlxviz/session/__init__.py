@@ -35,9 +35,11 @@ from ..models.onnx.notes import imported_forms
 from ..passes.architecture import LayerArchitecture as Architecture
 from ..passes.architecture import classify_layer as classify
 from .defaults import DEFAULT_BATCH, DEFAULT_REPEAT, DEFAULT_SEQ, DEFAULT_WARMUP, MAX_REPEAT, MAX_WARMUP, check_rounds
+from .dimroles import check_dims, dims_overrides, override_notes
 from .errors import (
     DimsMisfitError,
     GraphTextError,
+    InputDimsError,
     LimitError,
     PipelineError,
     SessionError,
@@ -128,7 +130,8 @@ __all__ = ["ModelText", "shown", "imported_forms", "describe_host", "host_words"
            "DEFAULT_BATCH", "DEFAULT_MAX_MEMORY_MB", "DEFAULT_REPEAT", "DEFAULT_SEQ", "DEFAULT_WARMUP",
            "DEPRECATED_MEMORY_ENV", "MAX_MEMORY_ENV", "MAX_REPEAT", "MAX_WARMUP", "check_rounds",
            "MODEL_WIDE", "OVER_THRESHOLD", "RLX_THRESHOLD", "gate_note", "variant_note",
-           "Architecture", "DimsMisfitError", "FusionCheck", "GraphTextError", "LayerStatus", "LimitError", "Limits",
+           "Architecture", "DimsMisfitError", "FusionCheck", "GraphTextError", "InputDimsError",
+           "LayerStatus", "LimitError", "Limits",
            "PipelineError",
            "SessionError", "StoppedError", "UnboundDimsError", "VariantLayerError", "load_isolated", "run_isolated",
            "ExecutedTraffic", "Traffic", "VersionTiming", "compare_to_input",
@@ -149,4 +152,5 @@ __all__ = ["ModelText", "shown", "imported_forms", "describe_host", "host_words"
            "PairedVerdict", "busy_warning", "compare_versions", "paired_verdict", "timing_table",
            "FusionAndKernels", "Lowering", "fusion_and_kernels", "time_lowerings",
            "AddmmRounding", "addmm_rounding", "fast_erf_error",
+           "check_dims", "dims_overrides", "override_notes",
            "OpenRequest", "Opened", "check_workload", "open", "open_model", "open_pipeline", "open_trace"]

@@ -78,6 +78,33 @@ class DimsMisfitError(SessionError):
         self.model, self.dims, self.said = model, dict(dims or {}), said or message
 
 
+class InputDimsError(SessionError):
+    """Dims given for an `.onnx` file (`--dim`, the app's Input dims box) refused before the import: a name no input
+    of the file has (`kind="unknown"`: a typo, or a box kept from another model), or a value past the most a front end
+    lets the batch or sequence length that dim sets be (`kind="bound"`: the app's `Sequence length (≤ 512)`).
+
+    Attributes:
+        kind: `unknown` or `bound`.
+        what: the message without the option that gave the dims (`sequence_lenght names no dimension of
+            roberta.onnx's inputs (its named dims: batch, seq)`); the message is `said_as("--dim")`.
+        names: the dims refused, as given.
+        known: the file's input dim names (`kind="unknown"`), in order.
+        box, most: the shape the dim sets (`batch` / `seq`) and the most it may be (`kind="bound"`; '' and 0 else).
+
+    Every argument but the message has a default: the error pickles by its message, and its attributes follow.
+    """
+
+    def __init__(self, message: str, kind: str = "unknown", what: str = "", names: tuple[str, ...] = (),
+                 known: tuple[str, ...] = (), box: str = "", most: int = 0) -> None:
+        super().__init__(message)
+        self.kind, self.what, self.names, self.known = kind, what or message, tuple(names), tuple(known)
+        self.box, self.most = box, most
+
+    def said_as(self, option: str) -> str:
+        """The message with `option` naming what gave the dims (`--dim`, `Input dims:`)."""
+        return f"{option} {self.what}"
+
+
 class StoppedError(SessionError):
     """A load stopped from outside: past its CPU-time limit (or its wall-clock backstop), out of memory under its
     address-space cap, or its process died (`session.isolated`)."""
@@ -106,5 +133,5 @@ class PipelineError(SessionError):
     """A pipeline that cannot be built: an unknown pass, an empty list, or a pass whose required pass is missing."""
 
 
-__all__ = ["DimsMisfitError", "GraphTextError", "LimitError", "PipelineError", "SessionError", "StoppedError",
-           "UnboundDimsError", "VariantLayerError"]
+__all__ = ["DimsMisfitError", "GraphTextError", "InputDimsError", "LimitError", "PipelineError", "SessionError",
+           "StoppedError", "UnboundDimsError", "VariantLayerError"]

@@ -471,9 +471,10 @@ def load_isolated(model: str, batch: int = DEFAULT_BATCH, seq: int = DEFAULT_SEQ
                   variant: str | None = None, variant_layer: int = 0, limits: Limits | None = None,
                   threshold: int | None = None, allowed_roots: Sequence[Path] | None = None,
                   max_seq: int | None = None, timeout_s: float = LOAD_SECONDS,
-                  dims: tuple[tuple[str, int], ...] = ()) -> Model:
+                  dims: tuple[tuple[str, int], ...] = (), bounds: tuple[tuple[str, int], ...] = ()) -> Model:
     """`loading.load` with the same arguments, run in a child process (`run_isolated`) for anything but a preset.
-    `dims`: values of an `.onnx` file's symbolic dims by name (`loading.load`'s `dims`, as pairs).
+    `dims`, `bounds`: values of an `.onnx` file's symbolic dims by name and the most those that set the batch or
+    sequence length may be (`loading.load`'s `dims` and `bounds`, as pairs).
 
     The child's address space is capped from `limits` and it is killed after `timeout_s` seconds; the model comes
     back pickled and is cached in `MODELS` by the file's (or folder's files') size and mtime and the arguments.
@@ -489,8 +490,9 @@ def load_isolated(model: str, batch: int = DEFAULT_BATCH, seq: int = DEFAULT_SEQ
     if model in PRESETS:
         return load(*call)
     p = Path(model)
-    key = ("isolated", str(p.expanduser().resolve()), _signature(p), *call[1:], tuple(dims))
-    return MODELS.get_or_compute(key, lambda: run_isolated(load, *call, dims=dict(dims) or None, timeout_s=timeout_s,
+    key = ("isolated", str(p.expanduser().resolve()), _signature(p), *call[1:], tuple(dims), tuple(bounds))
+    return MODELS.get_or_compute(key, lambda: run_isolated(load, *call, dims=dict(dims) or None,
+                                                           bounds=dict(bounds) or None, timeout_s=timeout_s,
                                                            max_bytes=limits.max_bytes, what=model))
 
 

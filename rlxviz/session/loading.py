@@ -12,6 +12,7 @@ import hashlib
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from ..ir import Graph, GraphError, IRSyntaxError, from_json, lint, parse_ir, safejson, syntax_error_line
 from ..ir.identity import DigestCache
@@ -22,13 +23,14 @@ from ..models import PRESETS, CheckpointError, Model, load_checkpoint, load_mode
 from ..models.bert import VariantLayerError as _BuiltPastLayers
 from ..models.checkpoint import read_config_file
 from ..models.onnx import OnnxImportError, load_onnx
-from ..models.onnx.dims import DimError, parse_onnx, proto_input_shapes
+from ..models.onnx.dims import DimError, dim_roles, parse_onnx, proto_input_shapes
 from ..models.onnx.size import over_budget
 from ..models.onnx.weights import lazy_names
 from ..passes import layer_of
 from ..passes.trace import layer_keys
 from .cache import LRUCache
 from .defaults import DEFAULT_BATCH, DEFAULT_SEQ
+from .dimroles import ROLES_META, check_dims
 from .errors import DimsMisfitError, GraphTextError, LimitError, SessionError, VariantLayerError
 from .inputs import unbound_dims
 from .limits import Limits, human_bytes
@@ -238,7 +240,8 @@ def _within_roots(p: Path, roots: Sequence[Path]) -> Path:
 def load(model: str, batch: int = DEFAULT_BATCH, seq: int = DEFAULT_SEQ, style: str | None = None,
          variant: str | None = None, variant_layer: int = 0, limits: Limits | None = None, threshold: int | None = None,
          allowed_roots: Sequence[Path] | None = None, max_seq: int | None = None,
-         dims: Mapping[str, int] | None = None, input_shapes: Mapping[str, Sequence[int]] | None = None) -> Model:
+         dims: Mapping[str, int] | None = None, input_shapes: Mapping[str, Sequence[int]] | None = None,
+         bounds: Mapping[str, int] | None = None) -> Model:
     """A model by preset name, Hugging Face checkpoint folder, or IR text file, checked against `limits`.
 
     Args:
@@ -255,12 +258,17 @@ def load(model: str, batch: int = DEFAULT_BATCH, seq: int = DEFAULT_SEQ, style: 
         dims, input_shapes: for an `.onnx` file, values of symbolic dim names (`--dim`) and full shapes of some
             inputs (`--inputs`), bound before the import (`models.onnx.dims.bind_input_shapes`: a dim expression
             such as `past_sequence_length + sequence_length` is the sum of the values the other inputs use).
-            Refused for any other model.
+            Refused for any other model. A name no input of the file has is refused; a dim that sets the batch or
+            sequence length overrides `batch` / `seq` (`session.dimroles`; the model's `meta["dim_roles"]` says
+            which do).
+        bounds: the most a dim that sets the batch (`"batch"`) or sequence length (`"seq"`) may be (the app's
+            boxes' bounds; None: only the memory limit).
 
     Raises:
         SessionError: unknown model or variant, unreadable or malformed IR (with line and column), a variant
             where it does not apply (`variants.variant_unavailable`: an IR or ONNX file, a non-BERT preset), a
-            checkpoint the loader refuses, or (`LimitError`) tensors over the limit.
+            checkpoint the loader refuses, or (`LimitError`) tensors over the limit; `InputDimsError` for
+            `dims` the file's inputs do not name or past `bounds`.
     """
     limits = limits or Limits.resolve()
     v = variant_named(variant, variant_layer)
@@ -292,18 +300,26 @@ def load(model: str, batch: int = DEFAULT_BATCH, seq: int = DEFAULT_SEQ, style: 
             key = ("onnx-shapes", str(p.resolve()), st.st_mtime_ns, st.st_size, batch, seq,
                    tuple(sorted((dims or {}).items())),
                    tuple(sorted((k, tuple(v)) for k, v in (input_shapes or {}).items())))
-            parsed: list[object] = []  # the file parsed for its input shapes, handed to the import: parsed once
+            parsed: list[Any] = []  # the file parsed for its input shapes, handed to the import: parsed once
 
-            def shapes_of() -> dict[str, tuple[int, ...]]:
-                parsed.append(proto := parse_onnx(p))
-                return proto_input_shapes(proto, batch, seq, dims, input_shapes)
+            def proto() -> Any:
+                if not parsed:
+                    parsed.append(parse_onnx(p))
+                return parsed[0]
 
-            shapes = SHAPES.get_or_compute(key, shapes_of)
+            def roles_of() -> dict[str, str]:
+                g = proto().graph
+                return dim_roles(g.input, {t.name for t in g.initializer})
+
+            roles = SHAPES.get_or_compute(("onnx-roles", str(p.resolve()), st.st_mtime_ns, st.st_size), roles_of)
+            check_dims(dims, roles, p.name, bounds)  # a typo or another model's dims: refused, not ignored
+            shapes = SHAPES.get_or_compute(key, lambda: proto_input_shapes(proto(), batch, seq, dims, input_shapes))
             m = MODELS.get_or_compute(("onnx", str(p.resolve()), p.stat().st_mtime_ns, batch, seq, limits.max_bytes,
                                        tuple(sorted(shapes.items()))),
                                       lambda: load_onnx(p, batch, seq, input_shapes=shapes, max_bytes=limits.max_bytes,
                                                         proto=parsed.pop() if parsed else None))
             parsed.clear()
+            m.meta[ROLES_META] = dict(roles)  # the file's own: which dims override batch and seq (`dimroles`)
         elif p.is_dir() or allowed_roots is not None:  # with roots, the loader checks the folder before anything
             roots = None if allowed_roots is None else tuple(allowed_roots)
             m = MODELS.get_or_compute(("folder", str(p), roots, batch, seq, style, gv, limits.max_bytes),

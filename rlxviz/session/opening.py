@@ -69,6 +69,8 @@ class OpenRequest:
         limits: the memory limits (None: `Limits.resolve()`, the environment or 2048 MiB).
         allowed_roots: folders a typed checkpoint or `.onnx` path must lie in (None: any).
         max_seq: cap on the over-threshold variant's raised sequence length (None: none).
+        bounds: the most a dim of `dims` that sets the batch (`batch`) or sequence length (`seq`) may be, as pairs
+            (the app's boxes' bounds; (): only the memory limit, as for `batch` / `seq` themselves).
         isolated: load a user's file in a child process stopped past its time or memory (`session.isolated`).
         workload: what the caller does with the model beyond loading it (`load`, `time`, `export`, `run`,
             `run-mlx`: `Limits.check`'s workloads), checked before the pipeline runs.
@@ -94,6 +96,7 @@ class OpenRequest:
     limits: Limits | None = None
     allowed_roots: tuple[Path, ...] | None = None
     max_seq: int | None = None
+    bounds: tuple[tuple[str, int], ...] = ()
     isolated: bool = False
     workload: str = "load"
     label: str | None = None
@@ -102,7 +105,8 @@ class OpenRequest:
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise SessionError(f"unknown source kind {self.kind!r}; known: {', '.join(KINDS)}")
-        for name in ("dims", "input_shapes", "allowed_roots", "pipeline"):  # mappings and lists as frozen tuples
+        # mappings and lists as frozen tuples
+        for name in ("dims", "bounds", "input_shapes", "allowed_roots", "pipeline"):
             value = getattr(self, name)
             if isinstance(value, Mapping):
                 value = tuple((k, tuple(v) if name == "input_shapes" else v) for k, v in value.items())
@@ -162,10 +166,11 @@ def open_model(request: OpenRequest) -> Model:
         model = _onnx_with_inputs(r, limits)
     elif r.isolated:
         model = load_isolated(r.source, r.batch, r.seq, r.style, r.variant, r.variant_layer, limits, r.threshold,
-                              r.allowed_roots, r.max_seq, dims=r.dims)
+                              r.allowed_roots, r.max_seq, dims=r.dims, bounds=r.bounds)
     else:
         model = loading.load(r.source, r.batch, r.seq, r.style, r.variant, r.variant_layer, limits, r.threshold,
-                             r.allowed_roots, r.max_seq, dims=dict(r.dims), input_shapes=dict(r.input_shapes))
+                             r.allowed_roots, r.max_seq, dims=dict(r.dims), input_shapes=dict(r.input_shapes),
+                             bounds=dict(r.bounds))
     return model
 
 

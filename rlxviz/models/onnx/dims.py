@@ -18,6 +18,7 @@ these binds is refused in one line that says how to bind it.
 from __future__ import annotations
 
 import ast
+import difflib
 import mmap
 import operator
 import os
@@ -132,6 +133,63 @@ def _names_in(expr: str) -> list[str]:
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return []
     return list(dict.fromkeys(n.id for n in ast.walk(tree) if isinstance(n, ast.Name)))
+
+
+def dim_roles(inputs: Sequence[Any], initializers: set[str] | None = None) -> dict[str, str]:
+    """Every symbolic dim name of the graph's inputs (`onnx.ValueInfoProto`s; initializer names skipped), in the order
+    they are met, plain or inside an expression, -> the shape box it fills when nothing names it: `batch` for a name
+    the defaults bind to the batch at axis 0, `seq` for one they bind to the sequence length at axis 1 of a rank-2 or
+    rank-3 input (`input_ids [batch_size, sequence_length]`), '' for any other (`past_sequence_length`, `height`).
+    A `--dim` for a `batch` or `seq` name overrides `--batch` / `--seq` (`session.dims_overrides`)."""
+    skip = initializers or set()
+    roles: dict[str, str] = {}
+    for vi in inputs:
+        if vi.name in skip:
+            continue
+        shape = vi.type.tensor_type.shape.dim
+        for i, d in enumerate(shape):
+            name = d.dim_param if d.HasField("dim_param") else ""
+            if not name or not _NAME.match(name):
+                for n in _names_in(name) if name else []:
+                    roles.setdefault(n, "")
+                continue
+            v = default_dim(name, i, -1, -2, len(shape))
+            role = "batch" if v == -1 and i == 0 else "seq" if v == -2 and i == 1 and len(shape) <= 3 else ""
+            if not roles.get(name):
+                roles[name] = role
+    return roles
+
+
+class UnknownDimError(DimError):
+    """`--dim` names that name no dimension of the graph's inputs (a typo, or dims kept from another model).
+
+    Attributes:
+        names: the unknown names, as given.
+        known: the graph's input dim names (`dim_roles`), in order.
+        file: the model's file name, as the message says it.
+        what: the message without the option that gave the names (`sequence_lenght names no dimension of
+            roberta.onnx's inputs (its named dims: batch, seq)`).
+    """
+
+    def __init__(self, names: Sequence[str], known: Sequence[str], file: str) -> None:
+        verb = "names" if len(names) == 1 else "name"
+        close = {n: m[0] for n in names if (m := difflib.get_close_matches(n, known, n=1))}
+        hint = ""
+        if len(names) == 1 and close:
+            hint = f"; did you mean {close[names[0]]}?"
+        elif close:
+            hint = "; did you mean " + ", ".join(f"{m} for {n}" for n, m in close.items()) + "?"
+        what = (f"{', '.join(names)} {verb} no dimension of {file}'s inputs (its named dims: "
+                f"{', '.join(known) or 'none'}{hint})")
+        super().__init__(f"--dim {what}", what=what)
+        self.names, self.known, self.file = tuple(names), tuple(known), file  # after DimError's own `names`
+
+
+def check_dim_names(dims: Mapping[str, int] | None, roles: Mapping[str, str], file: str) -> None:
+    """Refuse `dims` names that no input dim of the graph has (`roles`: `dim_roles`): one line naming them all, the
+    graph's own names and the closest of those to each (`difflib.get_close_matches`). Raises UnknownDimError."""
+    if unknown := [n for n in dims or {} if n not in roles]:
+        raise UnknownDimError(unknown, list(roles), file)
 
 
 def dims_remedy(names: Sequence[str], arrays: str = "the inputs") -> str:
@@ -294,5 +352,5 @@ def onnx_input_shapes(path: Any, batch: int, seq: int, dims: Mapping[str, int] |
     return proto_input_shapes(parse_onnx(path), batch, seq, dims, given)
 
 
-__all__ = ["DimError", "bind_input_shapes", "default_dim", "dims_remedy", "onnx_input_shapes", "parse_dim",
-           "parse_onnx", "proto_input_shapes"]
+__all__ = ["DimError", "UnknownDimError", "bind_input_shapes", "check_dim_names", "default_dim", "dim_roles",
+           "dims_remedy", "onnx_input_shapes", "parse_dim", "parse_onnx", "proto_input_shapes"]
