@@ -286,8 +286,10 @@ def _what_ran(trace: Trace, step: int, r: Rejection, name: str) -> str | None:
     related = _refused_by(trace, step, r, name)
     if related:
         k, x = related
+        from .why.standing import held_by, place_gaps  # the verdict's package reads this module
+
+        x = held_by(trace, x) or x  # held by the model's own term (t5's cross-attention): say that term, not the gap
         message = _in_context(trace, k, x)[0]  # k < step: its own "run Q first" in context too
-        from .why.standing import place_gaps  # the verdict's package reads this module
 
         gaps = place_gaps(trace, x)  # at a gap in rlxviz's ops: say so, as its own line and the marks do (issue 39)
         said = f"a gap in rlxviz's ops: {' and '.join(gaps)}" if gaps else kind_words(x.kind, x.dead)
