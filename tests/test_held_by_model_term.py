@@ -22,6 +22,7 @@ from test_encoder_decoder import encoder_decoder
 
 from rlxviz.passes import Pipeline
 from rlxviz.passes.refusal_kinds import MODEL_TERM
+from rlxviz.passes.report import in_context
 from rlxviz.passes.trace import Trace
 from rlxviz.passes.why.places import places
 from rlxviz.passes.why.standing import held_by, place_gap_names, standing
@@ -106,3 +107,13 @@ def test_a_generated_t5_like_cross_attention_is_held_by_its_own_term():
     assert NOT_ENOUGH not in v.headline, v.headline
     dec = [lv for lv in v.layers if lv.layer.stack == "decoder"]
     assert all(not lv.gap_blocker for lv in dec) and all(lv.gaps for lv in dec), [lv.gaps for lv in dec]
+
+
+def test_t5s_cross_attention_offers_no_gap_workaround_in_the_table(t5):
+    """The app's matches table and node panel read a place's hint in context (`report.in_context`): at a place the
+    model's own term holds, that term's (nothing to change in the model), never the scale fold its check refutes."""
+    k = _block_step(t5)
+    for r in t5.steps[k].rejections:
+        if r.headline and r.anchor in (324, 326):
+            hint = in_context(t5, k, r)[1]
+            assert hint.startswith("nothing to change in the model") and "fold the scale" not in hint, hint
