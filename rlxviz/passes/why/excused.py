@@ -23,6 +23,7 @@ from .caveat import (
     fix_blocker_kind,
     fix_blocker_made_by,
     fix_blocker_own,
+    held_also,
     model_fix_note,
     model_fix_rounded,
     own_term_behind,
@@ -69,9 +70,10 @@ class Excused:
             a refusal whose readers its own rewrite made), False without.
         blocker_made_by: the rewrite of rlxviz's that made the readers `blocker` names (`caveat.fix_blocker_made_by`:
             `canonicalize_exported.nan_guard_moved`), "" without.
-        held: the places are held by the model's own term (`caveat.own_term_behind`: their gap's compiler fix alone
-            would only uncover it, t5's cross-attention): no gap (`gaps` empty), and no line of the layer; the run's
-            list of the model's own terms names them (`standing.held_lines`), as the chips' `○` counts them.
+        held: where the places are held by the model's own term (`caveat.own_term_behind`: their gap's compiler fix
+            alone would only uncover it, t5's cross-attention), the op forms of the gap they also run into, else ():
+            no gap (`gaps` empty) and no line of the layer; the run's list of the model's own terms names them
+            (`held_lines`), as the chips' `○` counts them.
     """
 
     pattern: str
@@ -87,7 +89,7 @@ class Excused:
     blocker_kind: str = ""
     blocker_own: bool = False
     blocker_made_by: str = ""
-    held: bool = False
+    held: tuple[str, ...] = ()
 
     @property
     def line(self) -> str:
@@ -229,7 +231,7 @@ def excused_misses(trace: Trace, arch: Architecture, layer: int | None, own: boo
     kept: list[MissedFusion] = []
     groups: dict[tuple[str, str, str, str, str], tuple[MissedFusion, dict[int, str], tuple[str, ...]]] = {}
     reasons: dict[tuple[str, str, str, str, str], dict[int, str]] = {}
-    held: set[tuple[str, int]] = set()
+    held: dict[tuple[str, int], tuple[str, ...]] = {}
     for m in RunFacts.of(trace).misses():
         if (layer is not None and m.layer != layer) or (outside and m.layer is not None):
             continue
@@ -241,7 +243,7 @@ def excused_misses(trace: Trace, arch: Architecture, layer: int | None, own: boo
         blocker = fix_blocker(trace, m.pattern, m.node, m.guard) if COMPILER_FIX_WORDS in ex[1] else ""
         gaps = tuple(op_gaps(arch, pass_name, m.guard, m if own else None)) if ex[0] == NOT_EXPECTED_HERE else ()
         if gaps and own_term_behind(trace, m.pattern, m.node, m.guard):  # no gap: the model's own term holds it
-            held.add((m.pattern, m.node))
+            held[m.pattern, m.node] = gaps
             gaps, blocker = (), ""
         workaround = model_fix_note(trace, m.pattern, m.node, m.guard) if gaps else ""
         key = (m.pattern, m.guard, ex[1] + (HELD if (m.pattern, m.node) in held else ""), blocker, workaround)
@@ -259,7 +261,7 @@ def excused_misses(trace: Trace, arch: Architecture, layer: int | None, own: boo
         made_by = fix_blocker_made_by(trace, m.pattern, m.node, m.guard) if blocker else ""
         out[pattern, f"{guard}#{n + 1}" if n else guard] = Excused(
             pattern, guard, m.reason, why.removesuffix(HELD), at, gaps, blocker, workaround, rounded,
-            reasons.get(key, {}), kind, mine, made_by, (m.pattern, m.node) in held)
+            reasons.get(key, {}), kind, mine, made_by, held.get((m.pattern, m.node), ()))
     return kept, out
 
 
@@ -278,21 +280,35 @@ def left_out_group(r: Rejection) -> str:
     return ex[0] if ex is not None else LEFT_OUT
 
 
-def left_out_groups(trace: Trace, layers: Iterable[int] | None = None) -> dict[str, list[str]]:
+def left_out_groups(trace: Trace, layers: Iterable[int] | None = None,
+                    held: Iterable[tuple[int | None, int, str]] = ()) -> dict[str, list[str]]:
     """`report.left_out_rejections` of `trace` (in `layers`, when given) one line each (`report.left_out_line`), by
-    `left_out_group`, and each place held by the model's own term (`standing.held_lines`: t5's cross-attention, its
-    gap's compiler fix alone would only uncover `self_attention`) under `MODEL_TERM`, as the chips' `○` counts it:
-    only the non-empty groups, in `LEFT_OUT_GROUPS` order, each in the run's order (`trace.reading_order`)."""
-    from .standing import held_lines  # the standing reads the verdict
-
+    `left_out_group`, and each place held by the model's own term (`held`: `(layer, anchor, line)`, `held_lines` of
+    the layers' groups; t5's cross-attention, its gap's compiler fix alone would only uncover `self_attention`) under
+    `MODEL_TERM`, as the chips' `○` counts it: only the non-empty groups, in `LEFT_OUT_GROUPS` order, each in the
+    run's order (`trace.reading_order`)."""
     wanted = None if layers is None else set(layers)
-    rows = [(r, left_out_group(r), left_out_line(trace, r)) for r in left_out_rejections(trace, wanted)]
-    rows += [(r, MODEL_TERM, line) for r, line in held_lines(trace, wanted)]
+    rows = [(r.layer, r.anchor, left_out_group(r), left_out_line(trace, r)) for r in left_out_rejections(trace, wanted)]
+    rows += [(layer, anchor, MODEL_TERM, line) for layer, anchor, line in held]
     key = reading_order(trace)
     out: dict[str, list[str]] = {g: [] for g in LEFT_OUT_GROUPS}
-    for _, group, line in sorted(rows, key=lambda x: key(x[0].layer, x[0].anchor)):
+    for _, _, group, line in sorted(rows, key=lambda x: key(x[0], x[1])):
         out[group].append(line)
     return {g: lines for g, lines in out.items() if lines}
+
+
+def held_lines(trace: Trace, excused: Iterable[Excused]) -> list[tuple[int, str]]:
+    """`(anchor, line)` of each place of `excused` held by the model's own term (`Excused.held`), as the model's own
+    terms are listed (`report.left_out_line` of the term's refusal the run recorded at the place, `RULE @ %ANCHOR
+    (PATH): self_attention [the model's own term]: ...`), then the gap it also runs into (`caveat.held_also`)."""
+    out = []
+    for x in excused:
+        for n in x.places if x.held else ():
+            guard = fix_blocker(trace, x.pattern, n, x.guard).split(" (", 1)[0]
+            term = next((r for r in trace.rejections if (r.rule, r.anchor, r.guard) == (x.pattern, n, guard)), None)
+            if term is not None:
+                out.append((n, f"{left_out_line(trace, term)}; {held_also(list(x.held), x.guard, term.pass_name)}"))
+    return out
 
 
 def outside_refusals(trace: Trace, arch: Architecture) -> tuple[list[str], list[str]]:
@@ -321,5 +337,5 @@ def expected_misses(trace: Trace, arch: Architecture, layer: int | None
 
 
 __all__ = ["HELD", "LEFT_OUT", "LEFT_OUT_GROUPS", "Excused", "OpGap", "SAME_TAIL_WORDS", "excused_misses",
-           "expected_misses", "layer_gaps", "left_out_group", "left_out_groups", "own_part",
+           "expected_misses", "held_lines", "layer_gaps", "left_out_group", "left_out_groups", "own_part",
            "places_words"]

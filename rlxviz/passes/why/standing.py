@@ -11,7 +11,6 @@ import operator
 
 from ..architecture import classify_layer
 from ..refusal_kinds import MODEL_TERM
-from ..report import left_out_line
 from ..trace import Rejection, Trace
 from .caveat import caveat_words, fix_blocker, held_also, line_caveats, own_term_behind
 from .facts import RunFacts, taken_places
@@ -136,21 +135,6 @@ def held_by(trace: Trace, r: Rejection) -> Rejection | None:
     return _term_refusal(trace, r) if ex is not None and ex[0] == MODEL_TERM else None
 
 
-def held_lines(trace: Trace, layers: set[int] | None = None) -> list[tuple[Rejection, str]]:
-    """`(headline refusal, line)` of each place held by the model's own term (`held_by`), in the run's order (in
-    `layers`, when given): the line as the model's own terms are listed (`report.left_out_line` of the term's refusal,
-    `RULE @ %ANCHOR (PATH): self_attention [the model's own term]: ...`), then the gap it also runs into
-    (`caveat.held_also`). What the verdict's `left_out_groups` lists beside the places refused for that term first, so
-    the text, `--json` and the chips' `○` name the same places."""
-    out = []
-    for r in trace.rejections:
-        if r.headline and not r.soft and (layers is None or r.layer in layers) and (t := held_by(trace, r)):
-            arch = _judged_as(RunFacts.of(trace), r.layer)
-            gaps = op_gaps(arch, r.pass_name, r.guard, _own_fixes(RunFacts.of(trace), r)) if arch is not None else []
-            out.append((r, f"{left_out_line(trace, t)}; {held_also(gaps, r.guard, r.pass_name)}"))
-    return out
-
-
 def place_gap_names(trace: Trace, refusals: list[Rejection]) -> list[tuple[str, str]]:
     """`(op form, short name)` of each gap in rlxviz's ops that the `refusals` of one place ran into, as the verdict
     counts them (`LayerVerdict.gaps`, built from each place's headline refusal): the gaps of the place's headline
@@ -235,5 +219,5 @@ def _own_fixes(facts: RunFacts, r: Rejection) -> Rejection | None:
     return None if facts.cache.get(("deviates", r.layer)) else r
 
 
-__all__ = ["gap_caveat", "gap_followers", "held_by", "held_lines", "place_gap_names", "place_gaps", "standing",
+__all__ = ["gap_caveat", "gap_followers", "held_by", "place_gap_names", "place_gaps", "standing",
            "unexpected_fix"]

@@ -26,6 +26,7 @@ from .excused import (
     OpGap,
     excused_misses,
     expected_misses,
+    held_lines,
     layer_gaps,
     left_out_group,
     left_out_groups,
@@ -136,6 +137,7 @@ class LayerVerdict:
     """`cannot_make` as data (`facts.Unmade`: the pass the pipeline lacks, the product, its places)."""
     gap_refusals: list[str] = field(default_factory=list)  # the lines of the refusals at `gaps` (`policy.gap_line`)
     taken: list[str] = field(default_factory=list)  # `RULE: GUARD (KIND) @ %N: its matmul was fused later by ...`
+    held: list[tuple[int, str]] = field(default_factory=list)  # places the model's own term holds (`held_lines`)
 
     @property
     def op_gaps(self) -> list[str]:
@@ -397,12 +399,16 @@ def _run_verdict(facts: RunFacts, expect: str, wanted: tuple[int, ...], every: b
         out = outside_items(trace) if every else {}  # each fused op in no layer -> the place it sits
         missed, gaps = outside_refusals(trace, classify_layer(trace.input, None)) if every else ([], [])
         return RunVerdict(trace.pipeline, statuses, counts, crashed=crashed, expect=expect, outside=list(out),
-                          left_out_groups=left_out_groups(trace, None if every else wanted), outside_in=out,
+                          left_out_groups=left_out_groups(trace, None if every else wanted,
+                                                          [(v.layer, n, x) for v in statuses for n, x in v.held]),
+                          outside_in=out,
                           outside_misses=missed, outside_gaps=gaps)
     arch = classify_layer(trace.input, None)
     misses, excused = excused_misses(trace, arch, None)
+    held = [(None, n, x) for n, x in held_lines(trace, excused.values())]  # the model's own term holds them
     return RunVerdict(trace.pipeline, statuses, counts, [str(m) for m in misses], arch,
-                      [x.line for x in excused.values() if not (x.gaps or x.held)], left_out_groups(trace), crashed,
+                      [x.line for x in excused.values() if not (x.gaps or x.held)], left_out_groups(trace, None, held),
+                      crashed,
                       recognized(trace), expect, facts.cannot_make(None), gaps=layer_gaps(arch, [], excused.values()),
                       gap_refusals=[x.line for x in excused.values() if x.gaps])
 
@@ -526,7 +532,8 @@ def _layer_verdict(facts: RunFacts, layer: int, expect: str) -> LayerVerdict:
                         done, [t for k, t in ignored.items() if k[0] not in legal and k not in at_gap | held],
                         _blocker(first, made), illegal, cannot, expect, misses, rewritten, gaps, unmade_here,
                         [t for k, t in ignored.items() if k[0] not in legal and k in at_gap],
-                        [f"{o.rule}: {o.guard} ({o.kind}) @ %{o.nodes[0]}: {w}" for o, w in took.items()])
+                        [f"{o.rule}: {o.guard} ({o.kind}) @ %{o.nodes[0]}: {w}" for o, w in took.items()],
+                        held_lines(trace, excused.values()))
 
 
 def _blocker(first: Outcome | None, made: set[tuple[str, str]]) -> str:
