@@ -29,7 +29,7 @@ from rlxviz.app.state import AppState
 from rlxviz.models import PRESETS
 from rlxviz.passes.refusal_kinds import kind_words
 from rlxviz.passes.trace import layer_label, layer_of
-from rlxviz.passes.why.standing import place_gaps, standing
+from rlxviz.passes.why.standing import held_by, place_gaps, standing
 from rlxviz.passes.why.verdict import OP_GAP_GROUP, RunVerdict, first_gap, why_step
 from rlxviz.session import opening as SESSION_OPEN
 from rlxviz.session.render import View, picture, verdicts
@@ -186,9 +186,10 @@ def _said_standings(trace, name: str, guard: str) -> dict[bool, set[str]]:
     `standing`, what the chips, `explain -v` and `--json` read) -> the words a "said no here" clause may name it by."""
     out: dict[bool, set[str]] = {}
     for s in trace.steps:
-        for r in s.rejections:
-            if r.pass_name == name and r.guard == guard and r.headline:
-                st = standing(trace, r)
+        for head in s.rejections:
+            r = (held_by(trace, head) or head) if head.headline else head  # a place the model's own term holds (t5's
+            if r.pass_name == name and r.guard == guard and head.headline:  # cross-attention) is said by that term
+                st = standing(trace, head)
                 gap = st is not None and st[0] == OP_GAP_GROUP
                 words = f"{_GAP_SAID}: {' and '.join(place_gaps(trace, r))}" if gap else kind_words(r.kind, r.dead)
                 out.setdefault(gap, set()).add(words)

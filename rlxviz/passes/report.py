@@ -139,12 +139,16 @@ def in_context(trace: Trace, step: int, r: Rejection) -> tuple[str, str]:
     (`name_users_nodes`). A headline refusal the layer's kind does not expect, whose hint is empty or already in its
     message (no fix line would print: `fuse_transformer_layer`'s `fc1_is_fused_linear` in a BART decoder layer), has
     the one line that says nothing needs changing and why (`why.standing.unexpected_fix`) as its hint: what
-    `explain -v`, `--json` and the app's table print after "fix"."""
+    `explain -v`, `--json` and the app's table print after "fix". A place the model's own term holds
+    (`why.standing.held_by`) has that term's hint: nothing to change in the model."""
     message, hint = _in_context(trace, step, r)
-    if (not hint or hint in message) and not r.fix and r.headline and not r.soft:
-        from .why.standing import unexpected_fix  # the verdict's package reads this module
+    if r.headline and not r.soft:
+        from .why.standing import held_by, unexpected_fix  # the verdict's package reads this module
 
-        hint = unexpected_fix(trace, r) or hint
+        if (term := held_by(trace, r)) is not None:  # the model's own term holds the place (t5's cross-attention):
+            hint = _in_context(trace, step, term)[1]  # its fix line, never the gap's workaround that does not fuse
+        elif (not hint or hint in message) and not r.fix:
+            hint = unexpected_fix(trace, r) or hint
     return name_users_nodes(trace, message), name_users_nodes(trace, hint)
 
 
@@ -286,8 +290,10 @@ def _what_ran(trace: Trace, step: int, r: Rejection, name: str) -> str | None:
     related = _refused_by(trace, step, r, name)
     if related:
         k, x = related
+        from .why.standing import held_by, place_gaps  # the verdict's package reads this module
+
+        x = held_by(trace, x) or x  # held by the model's own term (t5's cross-attention): say that term, not the gap
         message = _in_context(trace, k, x)[0]  # k < step: its own "run Q first" in context too
-        from .why.standing import place_gaps  # the verdict's package reads this module
 
         gaps = place_gaps(trace, x)  # at a gap in rlxviz's ops: say so, as its own line and the marks do (issue 39)
         said = f"a gap in rlxviz's ops: {' and '.join(gaps)}" if gaps else kind_words(x.kind, x.dead)

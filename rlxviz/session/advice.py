@@ -55,7 +55,7 @@ from ..passes.whatif import (
 from ..passes.why.caveat import alone_caveat, model_fix_note
 from ..passes.why.facts import RunFacts
 from ..passes.why.policy import with_caveat
-from ..passes.why.standing import place_gaps
+from ..passes.why.standing import held_by, place_gaps
 from ..runtime import run_reference
 from ..runtime.battery import InputSet, battery
 from ..runtime.compare import close
@@ -474,15 +474,18 @@ def vetted(trace: Trace, checks: Iterable[FixCheck]) -> Trace:
     remedy `compiler only`; the remedy is kept: a check refutes one change, the verdict is the rule's), its compiler
     fix kept (or
     `DEFAULT_COMPILER_FIX`); and every refusal whose compiler fix is not enough (`FixCheck.compiler`) saying what
-    else stands in the way. The same trace when every fix passed as written. The graphs and matches are shared; its
-    content key (`Trace.digest`) is its own, since its rejections differ."""
+    else stands in the way; a place the model's own term holds (`standing.held_by`: t5's cross-attention) has that
+    term's hint, never its gap's unchecked workaround. The same trace when every fix passed as written. The graphs
+    and matches are shared; its content key (`Trace.digest`) is its own, since its rejections differ."""
     bad = {(c.rule, c.anchor, c.guard): c for c in checks if c.rewords}
-    if not bad:
+    held = {(r.rule, r.anchor, r.guard): t.hint for r in trace.rejections  # the model's own term holds the place:
+            if r.headline and not r.soft and (t := held_by(trace, r)) is not None}  # its hint, no gap's workaround
+    if not bad and not held:
         return trace
     steps = []
     for s in trace.steps:
-        rejections = [r if (c := bad.get((r.rule, r.anchor, r.guard))) is None else _reworded(r, c)
-                      for r in s.rejections]
+        rejections = [replace(r, hint=held[k]) if (k := (r.rule, r.anchor, r.guard)) in held else
+                      r if (c := bad.get(k)) is None else _reworded(r, c) for r in s.rejections]
         steps.append(replace(s, rejections=rejections))
     return Trace(trace.input, steps, trace.pipeline)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from ..architecture import classify_layer
 from ..guard import IN_MODEL
 from ..pipeline import PASSES, STAGES
-from ..refusal_kinds import NOT_RECOGNIZED
+from ..refusal_kinds import MODEL_TERM, NOT_RECOGNIZED
 from ..report import user_origin
 from ..trace import Trace
 from ..whatif import MODEL, Blocker, fix_alone_blocker, fix_alone_fail, fix_alone_readers, fix_form, what_if
@@ -156,6 +156,29 @@ def _fix_blocker(trace: Trace, rule: str, anchor: int, guard: str) -> tuple[str,
     return facts.cache[key]
 
 
+def own_term_behind(trace: Trace, rule: str, anchor: int, guard: str) -> bool:
+    """Whether the compiler fix of the refusal of `rule` at `anchor` by `guard`, checked at its rule alone
+    (`fix_blocker`), would only uncover a refusal for the model's own term (`MODEL_TERM`): t5's cross-attention,
+    refused by `default_scale` (a gap: the block has no scale attribute), then by `self_attention` (Q and K/V from
+    different inputs). Such a place is held by the model's own structure, not by the gap: it stands with the model's
+    own terms (`standing.standing`'s `○`, `held_also`), its gap no compiler fix that would form it (the verdict's gaps,
+    `excused.excused_misses`), as marian's and bart's cross-attention, refused by `self_attention` first, stand. The
+    one reading of it for every view."""
+    return fix_blocker_kind(trace, rule, anchor, guard) == MODEL_TERM
+
+
+HELD_ALSO = ("it also runs into a gap in rlxviz's ops, {forms} ({guard}), whose compiler fix alone would not form "
+             "{product} here")
+"""What a place held by the model's own term (`own_term_behind`) says after that term's refusal: the gap it also has,
+and that its compiler fix alone would not make the fusion, so the gap is named but never counted as a fix."""
+
+
+def held_also(forms: list[str], guard: str, pass_name: str) -> str:
+    """`HELD_ALSO` for a place held by the model's own term: `forms` the op forms rlxviz lacks there
+    (`policy.op_gaps`), `guard` the gap's guard, `pass_name` the refused pass (its product, `policy.PRODUCTS`)."""
+    return HELD_ALSO.format(forms=" and ".join(forms), guard=guard, product=PRODUCTS.get(pass_name, pass_name))
+
+
 def fix_caveat(trace: Trace, rule: str, anchor: int, guard: str) -> str:
     """`CAVEAT` for the refusal of `rule` at `anchor` by `guard` when the compiler fix its not-expected reason names
     does not make the match (`fix_blocker`); "" when it does or nothing is known."""
@@ -211,6 +234,6 @@ def line_caveats(trace: Trace, rule: str, anchor: int, guard: str, arch: Archite
 
 __all__ = ["CAVEAT", "CAVEAT_OF", "MADE_READERS", "WORKAROUND", "alone_caveat", "blocker_name", "caveat_words",
            "GAP_BLOCKER", "fix_blocker", "fix_blocker_kind", "fix_blocker_made_by", "fix_blocker_own", "fix_caveat",
-           "line_caveats",
+           "line_caveats", "HELD_ALSO", "held_also", "own_term_behind",
            "made_readers",
            "model_fix_note", "model_fix_rounded", "workaround_words"]

@@ -14,16 +14,19 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from ..explain import Outcome
-from ..report import MissedFusion
-from ..trace import Trace
+from ..guard import DOES_NOT_PAY, MODEL_TERM, NOT_A_CANDIDATE
+from ..report import MissedFusion, left_out_line, left_out_rejections
+from ..trace import Rejection, Trace, reading_order
 from .caveat import (
     caveat_words,
     fix_blocker,
     fix_blocker_kind,
     fix_blocker_made_by,
     fix_blocker_own,
+    held_also,
     model_fix_note,
     model_fix_rounded,
+    own_term_behind,
     workaround_words,
 )
 from .facts import RunFacts
@@ -67,6 +70,10 @@ class Excused:
             a refusal whose readers its own rewrite made), False without.
         blocker_made_by: the rewrite of rlxviz's that made the readers `blocker` names (`caveat.fix_blocker_made_by`:
             `canonicalize_exported.nan_guard_moved`), "" without.
+        held: where the places are held by the model's own term (`caveat.own_term_behind`: their gap's compiler fix
+            alone would only uncover it, t5's cross-attention), the op forms of the gap they also run into, else ():
+            no gap (`gaps` empty) and no line of the layer; the run's list of the model's own terms names them
+            (`held_lines`), as the chips' `○` counts them.
     """
 
     pattern: str
@@ -82,6 +89,7 @@ class Excused:
     blocker_kind: str = ""
     blocker_own: bool = False
     blocker_made_by: str = ""
+    held: tuple[str, ...] = ()
 
     @property
     def line(self) -> str:
@@ -179,9 +187,13 @@ def layer_gaps(arch: Architecture, refused: Iterable[Outcome], excused: Iterable
     and guard (the outcome's own anchor where none is one); then the gaps of `excused` groups no outcome names (a
     soft refusal: a fusion made without its activation, GPT-2's tanh-GELU epilogue), by their guard. `own` False: the
     refusals' own fixes are not read (`excused_misses`)."""
+    excused = list(excused)
     groups = [x for x in excused if x.gaps]
+    held = {(x.pattern, n) for x in excused if x.held for n in x.places}  # the model's own term holds it: no gap
     out: dict[str, OpGap] = {}
     for o in refused:
+        if o.nodes and (o.rule, o.nodes[0]) in held:
+            continue
         mine = [x for x in groups if (x.pattern, x.guard) == (o.rule, o.guard)]
         at = tuple(dict.fromkeys(n for x in mine for n in x.places)) or o.nodes
         blocker, kind, mine_own, made_by = next(((x.blocker, x.blocker_kind, x.blocker_own, x.blocker_made_by)
@@ -204,6 +216,11 @@ def layer_gaps(arch: Architecture, refused: Iterable[Outcome], excused: Iterable
     return list(out.values())
 
 
+HELD = " (held by the model's own term)"
+"""Keeps a group of places held by the model's own term (`Excused.held`) apart from the gap places of the same rule,
+guard and why in `excused_misses`; no line says it."""
+
+
 def excused_misses(trace: Trace, arch: Architecture, layer: int | None, own: bool = True, outside: bool = False
                    ) -> tuple[list[MissedFusion], dict[tuple[str, str], Excused]]:
     """`expected_misses` as data: the misses that count, and `(pattern, guard) -> Excused` for those that do not.
@@ -214,6 +231,7 @@ def excused_misses(trace: Trace, arch: Architecture, layer: int | None, own: boo
     kept: list[MissedFusion] = []
     groups: dict[tuple[str, str, str, str, str], tuple[MissedFusion, dict[int, str], tuple[str, ...]]] = {}
     reasons: dict[tuple[str, str, str, str, str], dict[int, str]] = {}
+    held: dict[tuple[str, int], tuple[str, ...]] = {}
     for m in RunFacts.of(trace).misses():
         if (layer is not None and m.layer != layer) or (outside and m.layer is not None):
             continue
@@ -224,8 +242,11 @@ def excused_misses(trace: Trace, arch: Architecture, layer: int | None, own: boo
             continue
         blocker = fix_blocker(trace, m.pattern, m.node, m.guard) if COMPILER_FIX_WORDS in ex[1] else ""
         gaps = tuple(op_gaps(arch, pass_name, m.guard, m if own else None)) if ex[0] == NOT_EXPECTED_HERE else ()
+        if gaps and own_term_behind(trace, m.pattern, m.node, m.guard):  # no gap: the model's own term holds it
+            held[m.pattern, m.node] = gaps
+            gaps, blocker = (), ""
         workaround = model_fix_note(trace, m.pattern, m.node, m.guard) if gaps else ""
-        key = (m.pattern, m.guard, ex[1], blocker, workaround)
+        key = (m.pattern, m.guard, ex[1] + (HELD if (m.pattern, m.node) in held else ""), blocker, workaround)
         groups.setdefault(key, (m, {}, gaps))[1][m.node] = m.path
         if m.reason != groups[key][0].reason:  # another place's own nodes (fc2's matmul after o_proj's)
             reasons.setdefault(key, {})[m.node] = m.reason
@@ -238,10 +259,56 @@ def excused_misses(trace: Trace, arch: Architecture, layer: int | None, own: boo
         # a blocker that is a gap in rlxviz's ops of the layer itself is no pattern miss (`caveat.GAP_BLOCKER`)
         mine = bool(blocker) and fix_blocker_own(trace, m.pattern, m.node, m.guard)
         made_by = fix_blocker_made_by(trace, m.pattern, m.node, m.guard) if blocker else ""
-        out[pattern, f"{guard}#{n + 1}" if n else guard] = Excused(pattern, guard, m.reason, why, at, gaps, blocker,
-                                                                   workaround, rounded, reasons.get(key, {}), kind,
-                                                                   mine, made_by)
+        out[pattern, f"{guard}#{n + 1}" if n else guard] = Excused(
+            pattern, guard, m.reason, why.removesuffix(HELD), at, gaps, blocker, workaround, rounded,
+            reasons.get(key, {}), kind, mine, made_by, held.get((m.pattern, m.node), ()))
     return kept, out
+
+
+LEFT_OUT = "left out"
+LEFT_OUT_GROUPS = (LEFT_OUT, MODEL_TERM, NOT_A_CANDIDATE, DOES_NOT_PAY)
+"""The kinds of `RunVerdict.left_out_groups`, in the order the text lists them: what a fusion left out (a soft
+rejection), a place that keeps the model's own term (`guard.MODEL_TERM`), nodes that only look like a fusion's input
+(`guard.NOT_A_CANDIDATE`), and the tool's own cost test's refusals (`guard.DOES_NOT_PAY`: nothing to fix)."""
+
+
+def left_out_group(r: Rejection) -> str:
+    """Which of `LEFT_OUT_GROUPS` a rejection of `report.left_out_rejections` is in: its kind when that kind is no
+    near-miss (`guard.NOT_NEAR_MISSES`), `guard.DOES_NOT_PAY` when the tool's cost test declined it (`policy.excuse`),
+    else `LEFT_OUT`."""
+    ex = excuse(None, r.pass_name, r.guard, r.kind, r.remedy)
+    return ex[0] if ex is not None else LEFT_OUT
+
+
+def left_out_groups(trace: Trace, layers: Iterable[int] | None = None,
+                    held: Iterable[tuple[int | None, int, str]] = ()) -> dict[str, list[str]]:
+    """`report.left_out_rejections` of `trace` (in `layers`, when given) one line each (`report.left_out_line`), by
+    `left_out_group`, and each place held by the model's own term (`held`: `(layer, anchor, line)`, `held_lines` of
+    the layers' groups; t5's cross-attention, its gap's compiler fix alone would only uncover `self_attention`) under
+    `MODEL_TERM`, as the chips' `○` counts it: only the non-empty groups, in `LEFT_OUT_GROUPS` order, each in the
+    run's order (`trace.reading_order`)."""
+    wanted = None if layers is None else set(layers)
+    rows = [(r.layer, r.anchor, left_out_group(r), left_out_line(trace, r)) for r in left_out_rejections(trace, wanted)]
+    rows += [(layer, anchor, MODEL_TERM, line) for layer, anchor, line in held]
+    key = reading_order(trace)
+    out: dict[str, list[str]] = {g: [] for g in LEFT_OUT_GROUPS}
+    for _, _, group, line in sorted(rows, key=lambda x: key(x[0], x[1])):
+        out[group].append(line)
+    return {g: lines for g, lines in out.items() if lines}
+
+
+def held_lines(trace: Trace, excused: Iterable[Excused]) -> list[tuple[int, str]]:
+    """`(anchor, line)` of each place of `excused` held by the model's own term (`Excused.held`), as the model's own
+    terms are listed (`report.left_out_line` of the term's refusal the run recorded at the place, `RULE @ %ANCHOR
+    (PATH): self_attention [the model's own term]: ...`), then the gap it also runs into (`caveat.held_also`)."""
+    out = []
+    for x in excused:
+        for n in x.places if x.held else ():
+            guard = fix_blocker(trace, x.pattern, n, x.guard).split(" (", 1)[0]
+            term = next((r for r in trace.rejections if (r.rule, r.anchor, r.guard) == (x.pattern, n, guard)), None)
+            if term is not None:
+                out.append((n, f"{left_out_line(trace, term)}; {held_also(list(x.held), x.guard, term.pass_name)}"))
+    return out
 
 
 def outside_refusals(trace: Trace, arch: Architecture) -> tuple[list[str], list[str]]:
@@ -269,5 +336,6 @@ def expected_misses(trace: Trace, arch: Architecture, layer: int | None
     return kept, {k: x.line for k, x in excused.items()}
 
 
-__all__ = ["Excused", "OpGap", "SAME_TAIL_WORDS", "excused_misses", "expected_misses", "layer_gaps", "own_part",
+__all__ = ["HELD", "LEFT_OUT", "LEFT_OUT_GROUPS", "Excused", "OpGap", "SAME_TAIL_WORDS", "excused_misses",
+           "expected_misses", "held_lines", "layer_gaps", "left_out_group", "left_out_groups", "own_part",
            "places_words"]

@@ -176,6 +176,8 @@ def places(trace: Trace, step: int) -> Places:
             reason = in_context(trace, step, r)[0]  # a gap: its compiler fix, no "why not expected" (issue 39)
             line = gap_line if group == OP_GAP_GROUP else not_expected_line
             item = f"{path}: {line(r.rule, r.guard, reason, why)}"  # its place named once: `path`
+        elif group == MODEL_TERM and r.kind != MODEL_TERM:  # held by the model's own term: say it, and its gap
+            item = f"{path}: {r.rule}: {why}"  # (`standing.held_by`: t5's cross-attention, `default_scale` first)
         elif group == DOES_NOT_PAY and (left := left_out(trace.steps[step].before, r)):
             item = f"{path}: {r.rule} ({r.guard}): left out {left}"  # the anchor is where, the node left out is who
         else:

@@ -10,8 +10,9 @@ from __future__ import annotations
 import operator
 
 from ..architecture import classify_layer
+from ..refusal_kinds import MODEL_TERM
 from ..trace import Rejection, Trace
-from .caveat import caveat_words, fix_blocker, line_caveats
+from .caveat import caveat_words, fix_blocker, held_also, line_caveats, own_term_behind
 from .facts import RunFacts, taken_places
 from .kinds import LayerArchitecture as Architecture
 from .policy import (
@@ -106,7 +107,32 @@ def _excused(trace: Trace, r: Rejection) -> tuple[Architecture | None, tuple[str
     ex = excuse(arch, r.pass_name, r.guard, r.kind, r.remedy, mine)
     gaps = (op_gaps(arch, r.pass_name, r.guard, mine)
             if ex is not None and ex[0] == NOT_EXPECTED_HERE and arch is not None else [])
+    if gaps and own_term_behind(trace, r.rule, r.anchor, r.guard):  # held by the model's own term, not the gap
+        term = _term_refusal(trace, r)
+        said = (f"{term.guard} ({MODEL_TERM}): {term.message}" if term is not None
+                else fix_blocker(trace, r.rule, r.anchor, r.guard))
+        return arch, (MODEL_TERM, f"{said}; {held_also(gaps, r.guard, r.pass_name)}"), []
     return arch, ex, gaps
+
+
+def _term_refusal(trace: Trace, r: Rejection) -> Rejection | None:
+    """The refusal at the place of `r` (its rule and anchor) by the guard its compiler fix alone uncovers
+    (`caveat.fix_blocker`: t5's cross-attention `self_attention`), as the run recorded it (a further failing guard);
+    None when the run recorded none."""
+    guard = fix_blocker(trace, r.rule, r.anchor, r.guard).split(" (", 1)[0]
+    return next((x for s in trace.steps for x in s.rejections
+                 if (x.rule, x.anchor, x.guard) == (r.rule, r.anchor, guard)), None)
+
+
+def held_by(trace: Trace, r: Rejection) -> Rejection | None:
+    """The refusal of the model's own term that holds the place of the refusal `r` (`caveat.own_term_behind`: r is at
+    a gap in rlxviz's ops whose compiler fix alone would only uncover it; t5's cross-attention, `default_scale` then
+    `self_attention`); None for any other refusal, or when the run recorded no such further refusal. Such a place
+    stands with the model's own terms (`standing`: `MODEL_TERM`), as marian's cross-attention does."""
+    if r.kind == MODEL_TERM:
+        return None
+    ex = _excused(trace, r)[1]
+    return _term_refusal(trace, r) if ex is not None and ex[0] == MODEL_TERM else None
 
 
 def place_gap_names(trace: Trace, refusals: list[Rejection]) -> list[tuple[str, str]]:
@@ -193,4 +219,5 @@ def _own_fixes(facts: RunFacts, r: Rejection) -> Rejection | None:
     return None if facts.cache.get(("deviates", r.layer)) else r
 
 
-__all__ = ["gap_caveat", "gap_followers", "place_gap_names", "place_gaps", "standing", "unexpected_fix"]
+__all__ = ["gap_caveat", "gap_followers", "held_by", "place_gap_names", "place_gaps", "standing",
+           "unexpected_fix"]

@@ -16,11 +16,23 @@ from typing import Any
 
 from ..architecture import classify_layer
 from ..explain import Outcome, explain
-from ..guard import DOES_NOT_PAY, MODEL_TERM, NOT_A_CANDIDATE, near_miss_kind
-from ..report import MissedFusion, left_out_line, left_out_rejections
-from ..trace import Rejection, Trace, resolve_layers, same_stack_as
+from ..guard import near_miss_kind
+from ..report import MissedFusion
+from ..trace import Trace, resolve_layers, same_stack_as
 from . import text
-from .excused import OpGap, excused_misses, expected_misses, layer_gaps, outside_refusals, places_words
+from .excused import (
+    LEFT_OUT,
+    LEFT_OUT_GROUPS,
+    OpGap,
+    excused_misses,
+    expected_misses,
+    held_lines,
+    layer_gaps,
+    left_out_group,
+    left_out_groups,
+    outside_refusals,
+    places_words,
+)
 from .facts import RunFacts, Unmade, fused_items, illegal_here, made_by, outside_items, recognized, silent, taken_places
 from .kinds import LayerArchitecture
 from .policy import (
@@ -30,7 +42,6 @@ from .policy import (
     OP_GAP_GROUP,
     PRODUCTS,
     TAKEN_LATER_GROUP,
-    excuse,
     first_refusal,
     layer_pass,
     makes_product,
@@ -45,34 +56,11 @@ Architecture = LayerArchitecture
 EXIT_OK, EXIT_NOT_FUSED = 0, 1
 """`RunVerdict.exit_status`: every checked layer fused as expected / not (a crashed pass is the caller's 3)."""
 
-LEFT_OUT = "left out"
-LEFT_OUT_GROUPS = (LEFT_OUT, MODEL_TERM, NOT_A_CANDIDATE, DOES_NOT_PAY)
-"""The kinds of `RunVerdict.left_out_groups`, in the order the text lists them: what a fusion left out (a soft
-rejection), a place that keeps the model's own term (`guard.MODEL_TERM`), nodes that only look like a fusion's input
-(`guard.NOT_A_CANDIDATE`), and the tool's own cost test's refusals (`guard.DOES_NOT_PAY`: nothing to fix)."""
-
 ILLEGAL_HERE_GROUP = "illegal here"
 STANDING_GROUPS = (*LEFT_OUT_GROUPS[1:], NOT_EXPECTED_HERE, OP_GAP_GROUP, ILLEGAL_HERE_GROUP, TAKEN_LATER_GROUP)
 """The groups of `standing`: why a refusal is no near-miss (`policy.excuse`'s groups, `OP_GAP_GROUP` for a gap in
 rlxviz's ops, `ILLEGAL_HERE_GROUP` for a refusal illegal for its layer, `LayerVerdict.illegal`, `TAKEN_LATER_GROUP`
 for a place a later pass took after all, `LayerVerdict.taken`)."""
-
-
-def left_out_group(r: Rejection) -> str:
-    """Which of `LEFT_OUT_GROUPS` a rejection of `report.left_out_rejections` is in: its kind when that kind is no
-    near-miss (`guard.NOT_NEAR_MISSES`), `guard.DOES_NOT_PAY` when the tool's cost test declined it (`policy.excuse`),
-    else `LEFT_OUT`."""
-    ex = excuse(None, r.pass_name, r.guard, r.kind, r.remedy)
-    return ex[0] if ex is not None else LEFT_OUT
-
-
-def left_out_groups(trace: Trace, layers: Iterable[int] | None = None) -> dict[str, list[str]]:
-    """`report.left_out_rejections` of `trace` (in `layers`, when given) one line each (`report.left_out_line`), by
-    `left_out_group`: only the non-empty groups, in `LEFT_OUT_GROUPS` order, each in the run's order."""
-    out: dict[str, list[str]] = {g: [] for g in LEFT_OUT_GROUPS}
-    for r in left_out_rejections(trace, None if layers is None else set(layers)):
-        out[left_out_group(r)].append(left_out_line(trace, r))
-    return {g: lines for g, lines in out.items() if lines}
 
 
 @dataclass(frozen=True)
@@ -149,6 +137,7 @@ class LayerVerdict:
     """`cannot_make` as data (`facts.Unmade`: the pass the pipeline lacks, the product, its places)."""
     gap_refusals: list[str] = field(default_factory=list)  # the lines of the refusals at `gaps` (`policy.gap_line`)
     taken: list[str] = field(default_factory=list)  # `RULE: GUARD (KIND) @ %N: its matmul was fused later by ...`
+    held: list[tuple[int, str]] = field(default_factory=list)  # places the model's own term holds (`held_lines`)
 
     @property
     def op_gaps(self) -> list[str]:
@@ -410,12 +399,16 @@ def _run_verdict(facts: RunFacts, expect: str, wanted: tuple[int, ...], every: b
         out = outside_items(trace) if every else {}  # each fused op in no layer -> the place it sits
         missed, gaps = outside_refusals(trace, classify_layer(trace.input, None)) if every else ([], [])
         return RunVerdict(trace.pipeline, statuses, counts, crashed=crashed, expect=expect, outside=list(out),
-                          left_out_groups=left_out_groups(trace, None if every else wanted), outside_in=out,
+                          left_out_groups=left_out_groups(trace, None if every else wanted,
+                                                          [(v.layer, n, x) for v in statuses for n, x in v.held]),
+                          outside_in=out,
                           outside_misses=missed, outside_gaps=gaps)
     arch = classify_layer(trace.input, None)
     misses, excused = excused_misses(trace, arch, None)
+    held = [(None, n, x) for n, x in held_lines(trace, excused.values())]  # the model's own term holds them
     return RunVerdict(trace.pipeline, statuses, counts, [str(m) for m in misses], arch,
-                      [x.line for x in excused.values() if not x.gaps], left_out_groups(trace), crashed,
+                      [x.line for x in excused.values() if not (x.gaps or x.held)], left_out_groups(trace, None, held),
+                      crashed,
                       recognized(trace), expect, facts.cannot_make(None), gaps=layer_gaps(arch, [], excused.values()),
                       gap_refusals=[x.line for x in excused.values() if x.gaps])
 
@@ -533,12 +526,14 @@ def _layer_verdict(facts: RunFacts, layer: int, expect: str) -> LayerVerdict:
         expected = ", ".join(dict.fromkeys([*expected.split(", "), *(u.product for u in unmade_here)]))
     gaps = layer_gaps(arch, [o for o in ex.rejected if o.rule in skipped], excused.values(), own == arch)
     legal, at_gap = {o.rule for o in illegal}, {k for k, x in excused.items() if x.gaps}  # gap lines apart (issue 39)
+    held = {k for k, x in excused.items() if x.held}  # the run's list of the model's own terms names them
     return LayerVerdict(layer, fused, ftl[0] if ftl else None, expected, first, own, arch, quiet, rejected,
                         [str(m) for m in misses], ex.sibling, ex.sibling_rule, list(ex.differences), ex.render(False),
-                        done, [t for k, t in ignored.items() if k[0] not in legal and k not in at_gap],
+                        done, [t for k, t in ignored.items() if k[0] not in legal and k not in at_gap | held],
                         _blocker(first, made), illegal, cannot, expect, misses, rewritten, gaps, unmade_here,
                         [t for k, t in ignored.items() if k[0] not in legal and k in at_gap],
-                        [f"{o.rule}: {o.guard} ({o.kind}) @ %{o.nodes[0]}: {w}" for o, w in took.items()])
+                        [f"{o.rule}: {o.guard} ({o.kind}) @ %{o.nodes[0]}: {w}" for o, w in took.items()],
+                        held_lines(trace, excused.values()))
 
 
 def _blocker(first: Outcome | None, made: set[tuple[str, str]]) -> str:
