@@ -7,7 +7,7 @@ states what happened, `policy` and `verdict` say what it means for a layer.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from ...ir import Graph, Node, Op
@@ -105,11 +105,8 @@ class RunFacts:
         filed under that step (`why.places.step_refusals`): the first step of a pass that recognizes the family
         (`policy.recognizers`: convbert.qdq's erf GELU under `canonicalize_gelu`) whose graph before it holds the
         chain's nodes, else the last step whose graph before it holds them. A finding no step's graph holds is filed
-        nowhere (`explain` still lists it). One the layer's kind does not expect (`standing.unexpected_fix`: a quantized
-        layer's GELU) has no hint of its own: the table's fix is then the one line that says nothing needs changing
-        (`report.in_context`), as for any such refusal, never a rewrite `explain` does not print."""
-        from .standing import unexpected_fix  # the standing reads these facts
-
+        nowhere (`explain` still lists it). Each keeps its hint: `places.step_refusals` drops the hint of one the
+        layer's kind does not expect."""
         if "findings" not in self.cache:
             out: dict[int, list[Rejection]] = {}
             steps = self.trace.steps
@@ -117,9 +114,7 @@ class RunFacts:
                 holds = [k for k, s in enumerate(steps) if all(i in s.before for i in u.nodes)]
                 own = [k for k in holds if steps[k].pass_name in recognizers(u.family)]
                 if own or holds:
-                    r = u.as_rejection()
-                    out.setdefault(own[0] if own else holds[-1], []).append(
-                        replace(r, hint="") if unexpected_fix(self.trace, r) else r)
+                    out.setdefault(own[0] if own else holds[-1], []).append(u.as_rejection())
             self.cache["findings"] = {k: tuple(v) for k, v in out.items()}
         return self.cache["findings"]
 

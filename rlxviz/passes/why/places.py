@@ -19,7 +19,7 @@ from .caveat import model_fix_note
 from .facts import RunFacts
 from .gap_words import GapNames, group_words, trait_worded
 from .policy import NOT_EXPECTED_HERE, TAKEN_LATER_GROUP, gap_line, not_expected_line
-from .standing import place_gap_names, place_gaps, standing
+from .standing import place_gap_names, place_gaps, standing, unexpected_fix
 from .verdict import ILLEGAL_HERE_GROUP, OP_GAP_GROUP, LayerVerdict, RunVerdict
 
 PLACE_UNIT = "one per pattern and place"
@@ -100,12 +100,15 @@ def step_refusals(trace: Trace, step: int) -> tuple[Rejection, ...]:
     """The refusals of `trace.steps[step]` a place-reading view reads (the app's version chips and matches table):
     the step's own, then the run's unrecognized findings filed under it (`facts.RunFacts.findings`: convbert.qdq's
     erf GELU, `unrecognized.gelu`, under `canonicalize_gelu`), so a finding `explain` and the Why tab list has its
-    chip and its row.
+    chip and its row. A finding the layer's kind does not expect (`standing.unexpected_fix`: a quantized layer's GELU)
+    loses its hint, so the table's fix is the one line that says nothing needs changing (`report.in_context`), as for
+    any such refusal, never a rewrite `explain` does not print.
 
     Raises:
         IndexError: `step` is not a step index of `trace`.
     """
-    return (*trace.steps[step].rejections, *RunFacts.of(trace).findings().get(step, ()))
+    found = RunFacts.of(trace).findings().get(step, ())
+    return (*trace.steps[step].rejections, *(replace(r, hint="") if unexpected_fix(trace, r) else r for r in found))
 
 
 def place_standings(trace: Trace, step: int) -> dict[tuple[str, int], tuple[Rejection, tuple[str, str] | None]]:
