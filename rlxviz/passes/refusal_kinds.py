@@ -32,6 +32,28 @@ NOT_NEAR_MISSES = (MODEL_TERM, NOT_A_CANDIDATE)
 `report.left_out` lists them (one answer for the app, `rlxviz explain` and the notebooks)."""
 """What kind of "no" a guard says (issue 17): every guard declares one."""
 
+SCORE_TERM_GUARDS = frozenset({"mask_model_term", "where_mask_additive", "fill_absorbs"})
+"""The guards whose `MODEL_TERM` refusal is an additive score term kept as the attention's operand
+(`rules.sdpa_mask`, `rules.export_forms`): the only ones `KINDS[MODEL_TERM]`'s words (a causal band, ALiBi, ...) are
+about. Every other guard of that kind refuses for the model's own structure (`self_attention`: cross-attention;
+`kv_cache`) or keeps another term of its own (`gamma_computed`), and is worded by `model_term_why`."""
+MODEL_STRUCTURE = ("refused for the model's own structure, which the fused op cannot hold (nothing to fix in the "
+                   "model, not a near-miss)")
+"""How `model_term_why` begins for a hard `MODEL_TERM` refusal that is no additive score term."""
+
+
+def model_term_why(guard: str, message: str, soft: bool) -> str:
+    """Why a refusal of kind `MODEL_TERM` by `guard` is no near-miss, in one line: `KINDS[MODEL_TERM]` for an
+    additive score term (`SCORE_TERM_GUARDS`); for a hard refusal (`soft` False: `self_attention`, `kv_cache`)
+    `MODEL_STRUCTURE: MESSAGE`, the refusal's own `message` as `explain -v` prints it; for any other term kept
+    (`soft`: `gamma_computed`) `nothing was refused: the fusion kept a computation of the model's own, exactly:
+    MESSAGE`. Never the score-term words for a refusal they are not about (marian's cross-attention read them)."""
+    if guard in SCORE_TERM_GUARDS:
+        return KINDS[MODEL_TERM]
+    if not soft:
+        return f"{MODEL_STRUCTURE}: {message}"
+    return f"nothing was refused: the fusion kept a computation of the model's own, exactly: {message}"
+
 IN_MODEL = "in the model"
 COMPILER_ONLY = "compiler only"
 READ_BY_MODEL = "read by the model"
@@ -109,4 +131,4 @@ def near_miss_kind(kind: str, remedy: str = "") -> bool:
 __all__ = ["ILLEGAL", "NOT_RECOGNIZED", "NOT_PROFITABLE", "MODEL_TERM", "NOT_A_CANDIDATE", "KINDS", "NOT_NEAR_MISSES",
            "IN_MODEL", "COMPILER_ONLY", "READ_BY_MODEL", "DOES_NOT_PAY", "REMEDIES", "NO_MODEL_FIX", "UNCHECKED_FIX",
            "NOTHING_TO_CHANGE", "ROUNDING_ONLY", "near_miss_kind", "rounding_not_offered", "DEAD_READER_KIND",
-           "DEAD_READERS_KIND", "kind_words"]
+           "DEAD_READERS_KIND", "kind_words", "SCORE_TERM_GUARDS", "MODEL_STRUCTURE", "model_term_why"]

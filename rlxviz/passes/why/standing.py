@@ -10,7 +10,7 @@ from __future__ import annotations
 import operator
 
 from ..architecture import classify_layer
-from ..refusal_kinds import MODEL_TERM
+from ..refusal_kinds import MODEL_TERM, model_term_why
 from ..trace import Rejection, Trace
 from .caveat import caveat_words, fix_blocker, held_also, line_caveats, own_term_behind
 from .facts import RunFacts, taken_places
@@ -105,6 +105,8 @@ def _excused(trace: Trace, r: Rejection) -> tuple[Architecture | None, tuple[str
     arch = _judged_as(facts, r.layer)
     mine = _own_fixes(facts, r)
     ex = excuse(arch, r.pass_name, r.guard, r.kind, r.remedy, mine)
+    if ex is not None and ex[0] == MODEL_TERM == r.kind:  # its own words: a score term's, or its refusal's message
+        ex = (MODEL_TERM, model_term_why(r.guard, r.message, r.soft))
     gaps = (op_gaps(arch, r.pass_name, r.guard, mine)
             if ex is not None and ex[0] == NOT_EXPECTED_HERE and arch is not None else [])
     if gaps and own_term_behind(trace, r.rule, r.anchor, r.guard):  # held by the model's own term, not the gap
