@@ -102,3 +102,35 @@ def test_where_the_block_formed_the_words_stay():
         assert "the attention block at attention (node " in r.message and in_context(t, k, r)[0] == r.message
         rows = [x for x in decision_rows(t) if x["guard"] == "merge_keeps_fusions"]
         assert [x["message"] for x in rows] == [r.message]
+
+
+def test_cohere_chip_tooltip_says_why_the_matmul_was_left_out():
+    """The `○ does not pay` chip's tooltip item after fuse_shared_input_matmul said which node was left out
+    (`left out matmul (node 238, model.layers.0.mlp)`) but not why; it now carries the cost the table and `explain
+    -v` say, read from the same words (`in_context`, `block_cost_in_context`): the block the interleaved RoPE gap
+    holds back."""
+    from rlxviz.app.panels import not_near_miss_mark
+    from rlxviz.passes.guard import DOES_NOT_PAY
+    from rlxviz.passes.why.places import cost_reason, places
+
+    t = _cohere()
+    declined = _declined(t)
+    (k,) = {k for k, _ in declined}
+    p = places(t, k)
+    tip = not_near_miss_mark(p.faded, p.faded_at).replace("&#x27;", "'")
+    for (_, r), item in zip(declined, p.faded[DOES_NOT_PAY], strict=True):
+        said = in_context(t, k, r)[0]
+        why = f"it would cost the attention block at {_claims(r)} {HELD}"
+        assert cost_reason(said) == why, said
+        assert item.endswith(f"(node {r.offending[0]}, {t.steps[k].before[r.offending[0]].path}): {why}"), item
+        assert why in tip, tip
+
+
+def test_cost_reason_reads_each_member_and_nothing_else():
+    from rlxviz.passes.why.places import cost_reason
+
+    two = ("a (node 1, p) is not merged: it would cost X (y; z); b (node 2, q) is not merged: it would cost W; "
+           "merged: c, d")
+    assert cost_reason(two) == "it would cost X (y; z); it would cost W"
+    assert cost_reason("m is not merged: it would cost V; fewer than 2 matmuls would be left") == "it would cost V"
+    assert cost_reason("no cost named here") == ""

@@ -110,6 +110,6 @@ def test_a_gap_refused_block_is_still_protected_and_its_chip_names_the_node_left
         (mlp,) = r.offending
         node = t.steps[k].before[mlp]
         assert node.path.endswith(".mlp") and item.startswith(f"{r.path}: "), item  # the place, then who
-        assert item.endswith(f"left out matmul (node {mlp}, {node.path})"), item
+        assert f"left out matmul (node {mlp}, {node.path}): it would cost the attention block at " in item, item
     tip = not_near_miss_mark(p.faded, p.faded_at)
     assert all(f"left out matmul (node {r.offending[0]}, " in tip for r in declined), tip

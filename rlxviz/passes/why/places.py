@@ -6,6 +6,7 @@ place's standing (`place_standings`) that the chips, the table and the drawings 
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field, replace
 
 from ...ir import Graph
@@ -96,6 +97,20 @@ def left_out(g: Graph, r: Rejection) -> str:
     return ", ".join(describe(g[i]) for i in dict.fromkeys(r.offending) if i != r.anchor and i in g)
 
 
+_COST = re.compile(r" is not merged: (?P<cost>it would cost .*?)"
+                   r"(?=; [^;]* is not merged: |; merged: |; fewer than 2 |$)")
+"""A member's cost in a `merge_keeps_fusions` message: `LABEL is not merged: it would cost COST`, up to the next
+member's, `; merged: ...` or `; fewer than 2 matmuls ...` (`rules.shared_input`)."""
+
+
+def cost_reason(message: str) -> str:
+    """Why a cost test left its nodes out, from its refusal's `message` as `explain` words it in context
+    (`report.in_context`, whose `report.block_cost_in_context` says what holds a protected attention block back):
+    each member's `it would cost ...`, joined by "; "; "" when the message names no cost. The chip item of such a
+    place said which node was left out but not why, while `explain -v` and the matches table said it."""
+    return "; ".join(m.group("cost") for m in _COST.finditer(message))
+
+
 def step_refusals(trace: Trace, step: int) -> tuple[Rejection, ...]:
     """The refusals of `trace.steps[step]` a place-reading view reads (the app's version chips and matches table):
     the step's own, then the run's unrecognized findings filed under it (`facts.RunFacts.findings`: convbert.qdq's
@@ -182,7 +197,8 @@ def places(trace: Trace, step: int) -> Places:
         elif group == MODEL_TERM and r.kind != MODEL_TERM:  # held by the model's own term: say it, and its gap
             item = f"{path}: {r.rule}: {why}"  # (`standing.held_by`: t5's cross-attention, `default_scale` first)
         elif group == DOES_NOT_PAY and (left := left_out(trace.steps[step].before, r)):
-            item = f"{path}: {r.rule} ({r.guard}): left out {left}"  # the anchor is where, the node left out is who
+            why = cost_reason(in_context(trace, step, r)[0])  # and why: the table's words (the block it protects)
+            item = f"{path}: {r.rule} ({r.guard}): left out {left}" + (f": {why}" if why else "")
         else:
             item = f"{path}: {r.rule} ({r.guard}): {why}" if group in (ILLEGAL_HERE_GROUP, TAKEN_LATER_GROUP) else path
         excused.setdefault(group, []).append(item)
