@@ -27,8 +27,9 @@ from rlxviz.app.state import AppState
 from rlxviz.passes import Trace
 from rlxviz.passes.guard import DOES_NOT_PAY, MODEL_TERM, NOT_PROFITABLE, near_miss_kind
 from rlxviz.passes.pattern import describe
+from rlxviz.passes.report import in_context
 from rlxviz.passes.trace import place_label
-from rlxviz.passes.why.places import places
+from rlxviz.passes.why.places import cost_reason, places
 from rlxviz.passes.why.policy import NOT_EXPECTED_HERE, NOT_EXPECTED_WHY
 from rlxviz.passes.why.standing import standing
 from rlxviz.passes.why.verdict import OP_GAP_GROUP, RunVerdict
@@ -298,10 +299,14 @@ def test_a_parallel_block_with_packed_qkv_fuses_as_expected(layers, paths):
     assert v.ok, v.render()
     assert "shared-input QKV matmul" not in " ".join(lv.expected for lv in v.layers)
     assert not refusals(step, t)
-    # each place, then the node the cost test left out (FC1), as messages name nodes: the place alone hid which
+    # each place, then the node the cost test left out (FC1), as messages name nodes: the place alone hid which;
+    # then why, as the table and `explain -v` say it (`places.cost_reason` of the message in context)
+    k = t.steps.index(step)
     assert not_near_misses(step, t) == {DOES_NOT_PAY: [
-        f"{place_label(r.anchor, r.path)}: {r.rule} ({r.guard}): left out {describe(step.before[r.offending[0]])}"
-        for r in hard]}
+        f"{place_label(r.anchor, r.path)}: {r.rule} ({r.guard}): left out {describe(step.before[r.offending[0]])}: "
+        f"{cost_reason(in_context(t, k, r)[0])}" for r in hard]}
+    assert all(x.split("): left out ", 1)[1].count(": it would cost ") == 1 for x in not_near_misses(step, t)[
+        DOES_NOT_PAY])
     s.hide_unchanged = False
     chip = chips(s)["after fuse_shared_input_matmul"]
     assert "✗" not in chip and f">{NOT_NEAR_MISS_MARK}{layers}</span>" in chip
