@@ -11,6 +11,7 @@ The inspector's Markdown of a report (`report_markdown`) is `inspector_text`'s, 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -40,7 +41,7 @@ from ..passes.why.standing import standing as refusal_standing
 from ..passes.why.verdict import OP_GAP_GROUP, RunVerdict
 from ..session import host_words
 from ..session.tensors import summarize
-from ..viz.overlay import Followers, GapNames, all_versions, follower_note, gap_followers, gap_names
+from ..viz.overlay import Followers, GapNames, all_versions, follower_note, gap_followers, gap_names, held_places
 from .inspector_text import (
     LEFT_OUT,
     NOT_NEAR_MISS,
@@ -380,7 +381,8 @@ def node_decisions(trace: Trace, node_id: int) -> list[dict[str, Any]]:
     for k, s in enumerate(trace.steps):
         standings: dict[tuple[str, int], tuple[Rejection, tuple[str, str] | None]] | None = None
         marks: tuple[dict[tuple[str, int], GapNames], Followers] | None = None  # the step's gap places, once
-        refusals = step_refusals(trace, k)  # the step's, then the findings filed under it: as the chips and table
+        held = held_places(trace, s)  # a place the model's own term holds: that term's one entry, at the anchor
+        refusals = [x for r in step_refusals(trace, k) if (x := _held(r, held)) is not None]  # as the chips read
         soft: dict[tuple[str, int], list[Rejection]] = {}
         for r in refusals:
             if r.soft:
@@ -460,6 +462,16 @@ def node_decisions(trace: Trace, node_id: int) -> list[dict[str, Any]]:
                 standings = standings if standings is not None else place_standings(trace, k)
                 add(_bound(s, node_id, refusals, place_status(*standings[(rule, anchor)])))
     return out
+
+
+def _held(r: Rejection, held: Mapping[tuple[str, int], tuple[Rejection, str, str]]) -> Rejection | None:
+    """`r` as the inspector tells it where its place is held by the model's own term (`held`: `overlay.held_places`,
+    t5's cross-attention): its gap's refusal not at all, its term's at the anchor alone (never the Q norm the guard is
+    about, `subject`), as the drawing marks it (`overlay.worded`); `r` itself elsewhere."""
+    h = held.get((r.rule, r.anchor))
+    if h is None or r.guard not in (h[0].guard, h[2]):
+        return r
+    return replace(r, subject=None) if r.guard == h[0].guard else None
 
 
 def _bound(s: PassStep, node_id: int, refusals: Sequence[Rejection], standing: str) -> dict[str, Any]:

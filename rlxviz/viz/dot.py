@@ -1,10 +1,10 @@
 """Graph (+ overlay) -> Graphviz DOT source: a pure function, testable without a layout engine.
 
-Ops are boxes labelled with the op, its key attributes, its output type and any folded weights;
-graph inputs are ovals at the top (rank=source), graph outputs ovals at the bottom (rank=sink).
-Every drawn element carries a stable DOT `id` that survives into the SVG, so a front end can map a
-click back to the IR: `n<id>` for nodes, `e<src>_<dst>` for edges, `m<k>` / `r<k>` for match and
-rejection clusters, `out<k>` for graph outputs, `s<id>` for stubs of nodes outside a focus view.
+Ops are boxes labelled with the op, its key attributes, its output type and any folded weights; graph inputs are ovals
+at the top (rank=source), graph outputs ovals at the bottom (rank=sink). Every drawn element carries a stable DOT `id`
+that survives into the SVG, so a front end can map a click back to the IR: `n<id>` for nodes, `e<src>_<dst>` for
+edges, `m<k>` / `r<k>` for match and rejection clusters, `out<k>` for graph outputs, `s<id>` for stubs of nodes
+outside a focus view.
 
 Example:
     >>> from rlxviz.models import load_model
@@ -29,7 +29,7 @@ from ..ir.printer import shown_attrs
 from ..ir.text import shown
 from ..passes.made import holders, maker, replaced, where_now
 from ..passes.placement import path_box
-from ..passes.trace import Layer, Rejection, layer_label, layer_of, whose_place
+from ..passes.trace import Layer, Rejection, layer_keys, layer_label, layer_of, own_key, whose_place
 from . import styles as st
 from .heat import UNCOLOURED, readable_on, text_color
 from .overlay import INPUT_ROLES, Overlay, follower_note, is_gap, marked_nodes
@@ -136,7 +136,8 @@ class _Drawer:
         self.placed = placed or {}
         self.ghosts = {n.id: n for n in overlay.removed if n.id not in graph}
         self.nodes: dict[int, Node] = {n.id: n for n in graph}
-        self.nodes.update(self.ghosts)
+        self.nodes.update(self.ghosts)  # its layer keys (`own_key` of them names a stack: `decoder layer 0`)
+        self._keys = layer_keys(x for n in self.nodes.values() if (x := layer_of(n.path)) is not None)
         self.folded = set() if opts.show_params else {i for i, n in self.nodes.items() if n.op in _FOLDABLE}
         drawn = [i for i in self.nodes if i not in self.folded]
         if include is not None:
@@ -227,14 +228,13 @@ class _Drawer:
         """`trace.whose_place` of node `i` for the place of `r`: ` in layer 0` on layer 1's attention that
         n4-13's layer-0 `qkv_narrows_single_use` names offending, so its mark says whose refusal it carries."""
         n = self.nodes.get(i)
-        return whose_place(r.layer, n.path) if n is not None else ""
+        return whose_place(own_key(self._keys, r.layer), n.path) if n is not None else ""
 
     def _follower(self, r: Rejection, mark_word: str) -> tuple[tuple[str, ...], str] | None:
-        """`(note lines, tooltip head)` of `r` when it is a further failing guard of a gap place that is no gap itself
-        (`Overlay.followers`), else None: `△ fix of rope_full_rotary alone is not enough:` / `attn_single_user
-        (illegal) fails next` (the text's caveat, whole, in the tooltip), or `△ beside the gap ln1_residual_scaled:`
-        / `ln1_operand_order (not recognized) also fails, no gap itself`; never the place's gap group with its guard
-        as if that guard were a gap."""
+        """`(note lines, tooltip head)` of `r`, a further failing guard of a gap place that is no gap itself
+        (`Overlay.followers`), else None: `△ fix of rope_full_rotary alone is not enough:` / `attn_single_user (illegal)
+        fails next` (the caveat, whole, in the tooltip), `△ beside the gap ln1_residual_scaled:` / `ln1_operand_order
+        (not recognized) also fails, no gap itself`; never the gap group with its guard as if that guard were a gap."""
         place = (r.rule, r.anchor)
         caveat = self.ov.followers.get((*place, r.guard))
         if caveat is None:
@@ -253,7 +253,7 @@ class _Drawer:
         head = f"{mark_word} {group.upper()} (not a near-miss)" if group else "REJECTED"
         head = follower[1] if follower is not None else head
         caveat = self.ov.caveats.get((r.rule, r.anchor), "") if follower is None else ""  # the text's, on the gap
-        head += f"; a compiler fix; {caveat};" if caveat else ""
+        head += f"; {'a compiler fix; ' * (mark_word == GAP_MARK)}{caveat};" if caveat else ""  # held: `○`, no fix
         cut = caveat.partition(": ")  # two label lines: `alone it is not enough:` / `qkv_packed (...) fails next`
         tip = f"{head} {r.rule} [{r.stage}] guard {r.guard}: {r.message}" + (f"\nhint: {r.hint}" if r.hint else "")
         for role, i in r.bindings.items():  # the candidate's roles, in a neutral colour: red is for the culprit
@@ -417,7 +417,7 @@ class _Drawer:
             parts.append(f"absorbed: {' '.join(f'%{i}' for i in own)}")
             ops = _op_summary(own, self.ov.origin)
             if ops:  # for the reader: op names, and the node's layer (the app's search reads `absorbed_index`)
-                layer = layer_of(n.path)
+                layer = own_key(self._keys, layer_of(n.path))  # `decoder layer 0`, as the inspector names it
                 parts.append(f"absorbed ops: {ops}" + (f" — in {layer_label(layer)}" if layer is not None else ""))
         parts += self.rejection_tips.get(n.id, [])
         if n.id in self.ov.heat:

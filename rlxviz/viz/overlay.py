@@ -245,13 +245,37 @@ def gap_caveats(trace: Trace | None, step: PassStep, groups: dict[tuple[str, int
     """Each place (rule, anchor) of `step`'s refusals at a gap in rlxviz's ops (`place_groups`, or `groups`: `is_gap`)
     whose compiler fix alone is not enough, where no follower of the place says so (`gap_followers`) -> the text's
     caveat (`passes.why.standing.gap_caveat`): esm's attention -> `alone it is not enough: qkv_packed (not
-    recognized) fails next`. {} without `trace` (or a step of no trace)."""
+    recognized) fails next`; and each place held by the model's own term (`held_places`) -> the gap it also runs
+    into (`it also runs into a gap in rlxviz's ops: default_scale`), which its `○` mark says after the term. {} without
+    `trace` (or a step of no trace)."""
     if trace is None or trace.index_of(step) is None:
         return {}
     from ..passes.why.standing import gap_caveat  # the verdict reads the pipeline; the overlay is drawn without
 
     at = _gap_places(trace, step, groups)
-    return {pl: w for pl, rs in at.items() if (w := gap_caveat(trace, rs))}
+    held = {pl: f"it also runs into a gap in rlxviz's ops: {x[2]}" for pl, x in held_places(trace, step).items()}
+    return {pl: w for pl, rs in at.items() if (w := gap_caveat(trace, rs))} | held
+
+
+def held_places(trace: Trace | None, step: PassStep) -> dict[tuple[str, int], tuple[Rejection, str, str]]:
+    """Each place (rule, anchor) of `step`'s refusals held by the model's own term (`passes.why.standing.held_by`:
+    t5's cross-attention, refused by the gap `default_scale`, whose compiler fix alone uncovers `self_attention`) ->
+    (that term's refusal, the gap's words as `explain` says them after it: `it also runs into a gap in rlxviz's ops,
+    ... (default_scale), whose compiler fix alone would not form FusedAttentionBlock here`, the gap's guard). Its
+    marks are the term's, on the anchor (`worded`), never the gap's, nor the term's on the Q-side norm its guard is
+    about. {} without `trace` (or a step of no trace)."""
+    k = trace.index_of(step) if trace is not None else None
+    if trace is None or k is None:
+        return {}
+    from ..passes.refusal_kinds import MODEL_TERM  # the verdict reads the pipeline; the overlay is drawn without it
+    from ..passes.why.places import place_standings
+    from ..passes.why.standing import held_by
+
+    out = {}
+    for pl, (head, st) in place_standings(trace, k).items():
+        if st is not None and st[0] == MODEL_TERM and (term := held_by(trace, head)) is not None:
+            out[pl] = (term, st[1].removeprefix(f"{term.guard} ({MODEL_TERM}): {term.message}; "), head.guard)
+    return out
 
 
 def is_gap(group: str) -> bool:
@@ -267,14 +291,21 @@ def worded(trace: Trace, step: PassStep) -> tuple[Rejection, ...]:
     & rejections table word them (`passes.report.in_context`: a "run P first" whose P ran before names what P
     decided there; the hint is `passes.report.fix_line`, the fix, never a copy of the message), so a tooltip says
     what the text says; then the leftover scan's findings filed under it (`passes.why.places.step_refusals`), as the
-    chips count them. `step`'s own when it is no step of `trace`."""
+    chips count them. `step`'s own when it is no step of `trace`. A place held by the model's own term
+    (`held_places`: t5's cross-attention) is its term's refusal alone, at the anchor, its message naming the gap it
+    also runs into as `explain` does: one `○` mark, never the gap's guard as the term, nor the term on the Q norm."""
     from ..passes.report import fix_line, in_context  # the report reads the pipeline; the overlay needs none
 
     k = trace.index_of(step)
     if k is None:
         return tuple(step.rejections)
-    out = []
+    out, held = [], held_places(trace, step)
     for r in _refusals(trace, step):  # a finding filed under the step too, as the chips count it
+        if (h := held.get((r.rule, r.anchor))) is not None and (r.headline or r.guard == h[0].guard):
+            if r.headline:  # one mark at a held place: its term's, on the anchor, naming the gap it also has
+                message = f"{in_context(trace, k, h[0])[0]}; {h[1]}"
+                out.append(replace(h[0], message=message, hint=fix_line(trace, k, h[0]), subject=None, headline=True))
+            continue
         message, hint = in_context(trace, k, r)[0], fix_line(trace, k, r)
         out.append(r if (message, hint) == (r.message, r.hint) else replace(r, message=message, hint=hint))
     return tuple(out)
