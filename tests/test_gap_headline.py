@@ -23,7 +23,7 @@ from rlxviz.app.panels import NOT_NEAR_MISS_MARK, OP_GAP_MARK
 from rlxviz.app.start import StartHere
 from rlxviz.passes.rules.block import QK_NORM_GAP
 from rlxviz.passes.why.places import places
-from rlxviz.passes.why.text import GAP_IS_THE_COMPILERS
+from rlxviz.passes.why.text import GAP_IS_THE_COMPILERS, UNCHECKED_ALONE
 from rlxviz.passes.why.verdict import OP_GAP_GROUP, RunVerdict
 from rlxviz.session.render import verdicts
 from rlxviz.viz.overlay import before_caption
@@ -52,7 +52,7 @@ def _explain(capsys, path: Path) -> tuple[int, str, dict]:
 def test_n3_04b_counts_the_layer_held_back_apart_and_says_no_fused_op(capsys):
     code, text, j = _explain(capsys, QK_NORM)
     head = (f"qk_norm_full_width (canonical pipeline): 0/1 layer(s) fused as expected; 1 {HELD} (rlxviz lacks "
-            f"{QK_NORM_GAP}: {GAP_IS_THE_COMPILERS})")
+            f"{QK_NORM_GAP}: {GAP_IS_THE_COMPILERS}; {UNCHECKED_ALONE.format(n=1)})")  # a structure miss: unchecked
     assert code == 0 and j["ok"]  # nothing in the model to change
     assert text.splitlines()[:2] == [head, f"layer 0: {HELD}: no fused op"], text
     assert "nothing to fuse" not in text and "1/1" not in text
@@ -109,7 +109,8 @@ def test_the_layer_box_and_the_start_strip_say_the_verdicts_words(qk_app):
     start = StartHere(state=s, show_why=lambda: None)
     said = start._fused_words(0)
     assert said.startswith(f"Layer 0 {HELD} (rlxviz lacks {QK_NORM_GAP}: {GAP_IS_THE_COMPILERS})"), said
-    assert RunVerdict.of(s.trace).headline.endswith(f"1 {HELD} (rlxviz lacks {QK_NORM_GAP}: {GAP_IS_THE_COMPILERS})")
+    assert RunVerdict.of(s.trace).headline.endswith(f"1 {HELD} (rlxviz lacks {QK_NORM_GAP}: {GAP_IS_THE_COMPILERS}; "
+                                                    f"{UNCHECKED_ALONE.format(n=1)})")
 
 
 def test_readme_and_app_docs_name_the_gap_mark():

@@ -28,6 +28,7 @@ from rlxviz.passes.architecture import classify_layer
 from rlxviz.passes.rules.block import QK_NORM_FIX, QK_NORM_GAP
 from rlxviz.passes.why import policy
 from rlxviz.passes.why.kinds import LayerArchitecture
+from rlxviz.passes.why.text import UNCHECKED_ALONE
 from rlxviz.passes.why.verdict import RunVerdict
 
 CASE = Path(__file__).parent / "data" / "cases" / "n3-04b-qk-norm-full-width.rlx"
@@ -127,7 +128,7 @@ def test_case_04b_text_and_json_agree_and_name_the_compiler_fix(capsys):
     j = json.loads(out)
     assert code == jcode == 0 and "Traceback" not in err, text
     head = (f"qk_norm_full_width (canonical pipeline): 0/1 layer(s) fused as expected; 1 {WORDS} (rlxviz lacks "
-            f"{QK_NORM_GAP}: a compiler fix, nothing in the model to change)")
+            f"{QK_NORM_GAP}: a compiler fix, nothing in the model to change; {UNCHECKED_ALONE.format(n=1)})")
     assert text.splitlines()[:2] == [head, f"layer 0: {WORDS}: no fused op"], text
     assert "NOT fused" not in text and "nothing to fuse" not in text and "fused as expected:" not in text
     assert f"  rlxviz's ops lack: {LACK}" in text and f"compiler fix: {QK_NORM_FIX}" in text

@@ -56,9 +56,12 @@ activation out was a miss only in `--json`)."""
 
 _HEAD = re.compile(r"^(\S.*?): (fused|NOT fused|held back by [^:]+)")
 _COUNT = re.compile(r"\((\S+) pipeline\): (\d+)/(\d+) layer\(s\) fused as expected(?:; (.+))?$")
+_UNCHECKED = r"(?:; not checked whether the fix alone is enough in \d+ of them \(no what-if builds it there\))?"
 _GAPS = re.compile(r"^(\d+) [^(]+?(?:, (\d+) [^(]+)? \(rlxviz lacks (.+): a compiler fix(?:, nothing in the model to "
-                   r"change|(?:; (?:alone it is not enough in \d+ of them: .+? fails next|a fix alone is not enough "
-                   r"in \d+ of them: (?:with the fix for .+? alone, .+? fails next(?:; )?)+))?(?:; a workaround in "
+                   r"change" + _UNCHECKED + r"|(?:; (?:alone it is not enough in \d+ of them: .+? fails next|"
+                   r"a fix alone is not enough in \d+ of them: "
+                   r"(?:with the fix for .+? alone, .+? fails next(?:; )?)+))?"
+                   + _UNCHECKED + r"(?:; a workaround in "
                    r"the model in \d+ of them \((?:(?:in \d+ of them )?it changes the numbers at rounding level only; "
                    r")?their gap lines name it\))?)\)$")
 """The headline's count of the layers held back only by rlxviz's ops (`text.gap_words`): one or two counts, the

@@ -12,7 +12,16 @@ from ..pipeline import PASSES, STAGES
 from ..refusal_kinds import MODEL_TERM, NOT_RECOGNIZED
 from ..report import user_origin
 from ..trace import Trace
-from ..whatif import MODEL, Blocker, fix_alone_blocker, fix_alone_fail, fix_alone_readers, fix_form, what_if
+from ..whatif import (
+    MODEL,
+    Blocker,
+    fix_alone_blocker,
+    fix_alone_fail,
+    fix_alone_readers,
+    fix_form,
+    what_if,
+    without_guard,
+)
 from .facts import RunFacts
 from .kinds import LayerArchitecture as Architecture
 from .policy import PRODUCTS, WORKAROUND, op_gaps
@@ -156,6 +165,28 @@ def _fix_blocker(trace: Trace, rule: str, anchor: int, guard: str) -> tuple[str,
     return facts.cache[key]
 
 
+def fix_unchecked(trace: Trace, rule: str, anchor: int, guard: str) -> bool:
+    """Whether no what-if checks the compiler fix of the refusal of `rule` at `anchor` by `guard` at its rule alone
+    (`passes.whatif.without_guard` knows nothing, or the refusal names no fix): a structure miss such as
+    codegen.qdyn's `qkv_packed`, refused because the integer-matmul Q/K/V projections are no packed projection. There
+    `fix_blocker` is "" though nothing was checked: the RoPE guards after it (interleaved, partial rotary) never ran,
+    so no line may read the fix as enough (`UNCHECKED`). Checked once per refusal and trace."""
+    facts = RunFacts.of(trace)
+    key = ("fix_unchecked", rule, anchor, guard)
+    if key not in facts.cache:
+        pass_name = rule.split(".")[0]
+        hit = next(((k, r) for k, s in enumerate(trace.steps) if s.pass_name == pass_name for r in s.rejections
+                    if (r.rule, r.anchor, r.guard) == (rule, anchor, guard) and r.fix), None)
+        facts.cache[key] = hit is None or without_guard(trace, *hit) is None
+    return facts.cache[key]
+
+
+UNCHECKED = "not checked whether it alone is enough: no what-if builds it at {guard}"
+"""What a gap line adds to the compiler fix it names when no what-if checks that fix (`fix_unchecked`): codegen.qdyn's
+int8 block named alone, with the RoPE guards after `qkv_packed` (its interleaved, partial rotary RoPE: the float
+export's gaps) never run, read as the one fix needed."""
+
+
 def own_term_behind(trace: Trace, rule: str, anchor: int, guard: str) -> bool:
     """Whether the compiler fix of the refusal of `rule` at `anchor` by `guard`, checked at its rule alone
     (`fix_blocker`), would only uncover a refusal for the model's own term (`MODEL_TERM`): t5's cross-attention,
@@ -227,13 +258,16 @@ def line_caveats(trace: Trace, rule: str, anchor: int, guard: str, arch: Archite
     reading of both for the verdict's lines (`verdict.expected_misses`) and a place's standing (`standing.standing`).
     Where the reason names several gaps' fixes, the caveat says whose fix was checked (`CAVEAT_OF`)."""
     gap = op_gaps(arch, rule.split(".")[0], guard)
-    notes = (caveat_words(fix_blocker(trace, rule, anchor, guard), guard if len(gap) > 1 else ""),  # whose fix
+    blocker = fix_blocker(trace, rule, anchor, guard)
+    notes = (caveat_words(blocker, guard if len(gap) > 1 else ""),  # whose fix
+             UNCHECKED.format(guard=guard) if gap and not blocker and fix_unchecked(trace, rule, anchor, guard) else "",
              workaround_words(model_fix_note(trace, rule, anchor, guard)) if gap else "")
     return "; ".join(n for n in notes if n)
 
 
 __all__ = ["CAVEAT", "CAVEAT_OF", "MADE_READERS", "WORKAROUND", "alone_caveat", "blocker_name", "caveat_words",
            "GAP_BLOCKER", "fix_blocker", "fix_blocker_kind", "fix_blocker_made_by", "fix_blocker_own", "fix_caveat",
+           "fix_unchecked", "UNCHECKED",
            "line_caveats", "HELD_ALSO", "held_also", "own_term_behind",
            "made_readers",
            "model_fix_note", "model_fix_rounded", "workaround_words"]

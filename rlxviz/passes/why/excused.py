@@ -18,11 +18,13 @@ from ..guard import DOES_NOT_PAY, MODEL_TERM, NOT_A_CANDIDATE
 from ..report import MissedFusion, left_out_line, left_out_rejections
 from ..trace import Rejection, Trace, reading_order
 from .caveat import (
+    UNCHECKED,
     caveat_words,
     fix_blocker,
     fix_blocker_kind,
     fix_blocker_made_by,
     fix_blocker_own,
+    fix_unchecked,
     held_also,
     model_fix_note,
     model_fix_rounded,
@@ -74,6 +76,10 @@ class Excused:
             alone would only uncover it, t5's cross-attention), the op forms of the gap they also run into, else ():
             no gap (`gaps` empty) and no line of the layer; the run's list of the model's own terms names them
             (`held_lines`), as the chips' `○` counts them.
+        unchecked: at a layer trait's gap (`policy.gap_sources`: its integer-matmul Q/K/V projections), no what-if
+            checks the compiler fix `why` names at its rule alone (`caveat.fix_unchecked`: codegen.qdyn's structure miss
+            `qkv_packed`), so `blocker` "" does not mean the fix is enough; the line says so (`caveat.UNCHECKED`).
+            False with a blocker.
     """
 
     pattern: str
@@ -90,6 +96,7 @@ class Excused:
     blocker_own: bool = False
     blocker_made_by: str = ""
     held: tuple[str, ...] = ()
+    unchecked: bool = False
 
     @property
     def line(self) -> str:
@@ -104,7 +111,8 @@ class Excused:
             f"at %{n}: {self.reason if n == first else own_part(self.reasons[n], self.reason, first)}"
             for n in self.places if n == first or n in self.reasons)
         checked = caveat_words(self.blocker, self.guard if len(self.gaps) > 1 else "")  # several gaps' fixes: whose
-        notes = "; ".join(n for n in (checked, workaround_words(self.workaround)) if n)
+        unchecked = UNCHECKED.format(guard=self.guard) if self.unchecked and not self.blocker else ""
+        notes = "; ".join(n for n in (checked, unchecked, workaround_words(self.workaround)) if n)
         line = gap_line if self.gaps else not_expected_line  # a gap: a compiler fix, no "why not expected" (issue 39)
         return line(self.pattern, self.guard, reason, with_caveat(self.why, notes), places_words(self.places))
 
@@ -153,6 +161,8 @@ class OpGap:
         blocker_made_by: the rewrite of rlxviz's that made the readers `blocker` names (`Excused.blocker_made_by`:
             gpt-neox's `canonicalize_exported.nan_guard_moved`), "" without. A blocker of rlxviz's own that no rewrite
             made is a form its patterns do not recognize (`pattern_miss`).
+        unchecked: no what-if checks the compiler fix of the refusal that ran into it (`Excused.unchecked`:
+            codegen.qdyn's `qkv_packed`), so `blocker` "" says nothing of whether the fix alone is enough.
     """
 
     form: str
@@ -165,6 +175,7 @@ class OpGap:
     blocker_kind: str = ""
     blocker_own: bool = False
     blocker_made_by: str = ""
+    unchecked: bool = False
 
     @property
     def pattern_miss(self) -> bool:
@@ -204,14 +215,14 @@ def layer_gaps(arch: Architecture, refused: Iterable[Outcome], excused: Iterable
             # trait integer_qkv`) names another fix, which was not checked
             checked = by == o.guard
             g = OpGap(form, o.rule, by, at, blocker if checked else "", workaround, rounded, kind if checked else "",
-                      mine_own and checked, made_by if checked else "")
+                      mine_own and checked, made_by if checked else "", not blocker and any(x.unchecked for x in mine))
             out.setdefault(str(g), g)
     ran = {(g.rule, g.form) for g in out.values()}
     for x in groups:  # a gap no hard refusal names: a fusion made without part of it (tanh-GELU's epilogue)
         for form in x.gaps:
             if (x.pattern, form) not in ran:
                 g = OpGap(form, x.pattern, x.guard, tuple(x.places), x.blocker, x.workaround, x.rounded, x.blocker_kind,
-                          x.blocker_own, x.blocker_made_by)
+                          x.blocker_own, x.blocker_made_by, x.unchecked)
                 out.setdefault(str(g), g)
     return list(out.values())
 
@@ -261,7 +272,10 @@ def excused_misses(trace: Trace, arch: Architecture, layer: int | None, own: boo
         made_by = fix_blocker_made_by(trace, m.pattern, m.node, m.guard) if blocker else ""
         out[pattern, f"{guard}#{n + 1}" if n else guard] = Excused(
             pattern, guard, m.reason, why.removesuffix(HELD), at, gaps, blocker, workaround, rounded,
-            reasons.get(key, {}), kind, mine, made_by, held.get((m.pattern, m.node), ()))
+            reasons.get(key, {}), kind, mine, made_by, held.get((m.pattern, m.node), ()),
+            bool(gaps) and not blocker and any(by != m.guard for _, by in gap_sources(arch, pattern.split(".")[0],
+                                                                                      m.guard, m if own else None))
+            and fix_unchecked(trace, m.pattern, m.node, m.guard))  # a trait's gap, its refusal's fix unchecked
     return kept, out
 
 

@@ -77,6 +77,10 @@ differences are said once (bart-full and `dead_h1_user` printed the same block t
 
 GAP_IS_THE_COMPILERS = "a compiler fix, nothing in the model to change"
 """What a gap in rlxviz's ops asks of whom (the headline's count, the app's chip mark for such places)."""
+UNCHECKED_ALONE = "not checked whether the fix alone is enough in {n} of them (no what-if builds it there)"
+"""What the headline adds after `GAP_IS_THE_COMPILERS` for the layers whose gaps' compiler fix no what-if checks
+(`excused.OpGap.unchecked`): codegen.qdyn's int8 block, refused at `qkv_packed` (a structure miss) before its RoPE
+guards ran, read as the one fix needed while its interleaved, partial rotary RoPE would fail next."""
 
 _WORKAROUND = WORKAROUND.split("{fix}")[0]
 """How a gap line names a model-side workaround beside its compiler fix (`policy.WORKAROUND`)."""
@@ -432,8 +436,12 @@ def gap_words(r: RunVerdict) -> str:
     blockers = [g.blocker for g in firsts]  # `OpGap.blocker`: the fix alone not enough
     worked = sum(s.gap_workaround for s in short)  # `OpGap.workaround`: a checked change to the model
     lacks = f"{', '.join(counts)} (rlxviz lacks {', '.join(gap_forms(r))}"
+    # no what-if checks the fix where its refusal is a structure miss (`OpGap.unchecked`: codegen.qdyn's
+    # `qkv_packed`, its RoPE guards never run): "nothing in the model to change" alone read as the fix being enough
+    unchecked = sum(not any(g.blocker for g in s.gaps) and any(g.unchecked for g in s.gaps) for s in short)
+    unsure = f"; {UNCHECKED_ALONE.format(n=unchecked)}" if unchecked else ""
     if not blockers and not worked:
-        return f"{lacks}: {GAP_IS_THE_COMPILERS})"
+        return f"{lacks}: {GAP_IS_THE_COMPILERS}{unsure})"
     # the compiler fix alone leaves a refusal standing (`caveat.fix_blocker`), or a checked change to the model makes
     # the fusion too (`caveat.model_fix_note`): "nothing in the model to change" is not true there, so the headline
     # says what fails next, and in how many layers the model can be changed instead
@@ -452,7 +460,7 @@ def gap_words(r: RunVerdict) -> str:
                f"in {rounded} of them it {ROUNDING_ONLY}; ")  # the words of every rounding-only change
     workaround = (f"; {_WORKAROUND.rstrip(': ')} in {worked} of them ({exactly}their gap lines name it)"
                   if worked else "")
-    return f"{lacks}: a compiler fix{alone}{workaround})"
+    return f"{lacks}: a compiler fix{alone}{unsure if not blockers else ''}{workaround})"
 
 
 def run_dict(r: RunVerdict) -> dict[str, Any]:
@@ -533,7 +541,8 @@ def _left_out(r: RunVerdict) -> list[str]:
             for ln in (f"{left_out_heading(g, len(lines))}:", *(f"  {x}" for x in lines))]
 
 
-__all__ = ["ALSO_REJECTED_COUNTED", "ALSO_REJECTED_NOT_COUNTED", "TAKEN_LATER_STANDING", "also_rejected_line",
+__all__ = ["UNCHECKED_ALONE",
+           "ALSO_REJECTED_COUNTED", "ALSO_REJECTED_NOT_COUNTED", "TAKEN_LATER_STANDING", "also_rejected_line",
            "taken_later_lines",
            "FUSED_AS_EXPECTED", "FUSED_AS_FAR_AS_OPS", "GAP_HAS_A_WORKAROUND", "GAP_IS_THE_COMPILERS", "GROUP_OVER",
            "PATTERNS",
