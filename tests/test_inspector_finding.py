@@ -9,29 +9,18 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from test_session_expectations import layered_moments_norm
 
 from rlxviz.app.explain import decision_markdown, decision_rows, node_decisions
 from rlxviz.app.jobs import Runner
 from rlxviz.app.sources import ALLOWED_DIRS_ENV
 from rlxviz.app.state import AppState
-from rlxviz.ir import Builder, Graph
 from rlxviz.passes import Pipeline
 from rlxviz.passes.unrecognized import FINDING, unrecognized
 from rlxviz.passes.why.places import REJECTED
 from rlxviz.passes.why.policy import NOT_EXPECTED_HERE
 
 CONVBERT = Path(__file__).parent / "fixtures/onnx/zoo/convbert.qdq.onnx"
-
-
-def layered_moments_norm() -> Graph:
-    """A LayerNorm of layer 0 written `E[x^2] - E[x]^2`: no recognizer covers it (`unrecognized.norm`, counted)."""
-    b = Builder("layered_moments_norm")
-    with b.scope("layers.0"):
-        x = b.input("x", (4, 8))
-        m = b.reduce_mean(x, [-1], keepdims=True)
-        var = b.sub(b.reduce_mean(b.mul(x, x), [-1], keepdims=True), b.mul(m, m))
-        b.output(b.div(b.sub(x, m), b.sqrt(b.add(var, b.const(1e-5)))))
-    return b.build()
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import html
 
-from test_inspector_finding import layered_moments_norm
+from test_session_expectations import layered_moments_norm
 
 from rlxviz.app.jobs import Runner
 from rlxviz.app.state import AppState
