@@ -83,8 +83,10 @@ def refusals(step: PassStep, trace: Trace | None = None) -> list[Rejection]:
 def not_near_misses(step: PassStep, trace: Trace | None = None) -> dict[str, list[str]]:
     """Group -> items of `step`'s places that are no near-miss and nothing to fix (`step_places`, `Places.faded`: the
     model's own term, a lookalike, a declined merge, not expected of the layer, illegal for it; hard or soft), in the
-    run's order: an item is the place's node path, or `PATH: RULE (GUARD): why` where the reason differs by place (the
-    chip's faded ○N). A place at a gap in rlxviz's ops is not one of them (`Places.gaps`: the chip's △N)."""
+    run's order: an item is `%ANCHOR (PATH): RULE (GUARD): MESSAGE` for a place whose reason is its refusal's own (the
+    model's own term, a lookalike, a declined merge: `places.own_item`, as `explain` lists it), else `PATH: RULE
+    (GUARD): why` (the chip's faded ○N). A place at a gap in rlxviz's ops is not one of them (`Places.gaps`: the
+    chip's △N)."""
     return step_places(step, trace).faded
 
 
