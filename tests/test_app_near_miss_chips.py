@@ -9,6 +9,7 @@ events are rejections) keeps a pass whose chip counts anything, ✗ or ○, so n
 
 from __future__ import annotations
 
+import html
 import re
 
 import pytest
@@ -20,6 +21,7 @@ from rlxviz.app.panels import NOT_NEAR_MISS_MARK, VersionStepper
 from rlxviz.app.state import AppState
 from rlxviz.passes import missed_fusions
 from rlxviz.passes.guard import NOT_A_CANDIDATE, NOT_NEAR_MISSES
+from rlxviz.passes.why.places import own_item
 from rlxviz.passes.why.verdict import RunVerdict
 
 
@@ -48,11 +50,15 @@ def test_a_healthy_berts_chips_show_no_rejection_and_the_lookalike_apart(preset)
     mark = re.search(r"<span class='rv-lookalike' title='([^']*)'[^>]*>" + NOT_NEAR_MISS_MARK + r"(\d+)</span>", chip)
     assert mark is not None, chip
     assert mark.group(2) == "1"
-    assert mark.group(1) == ("1 at 1 node (one per pattern and place): "
-                             "1 lookalike, not a candidate (nothing to fix, not a near-miss): embeddings.LayerNorm")
+    # the place by its node and path, its rule and guard, then the refusal's reason, as `explain` lists a lookalike
+    (r,) = [r for r in s.trace.rejections if r.kind == NOT_A_CANDIDATE]
+    item = own_item(r, s.trace)
+    assert item.startswith(f"%{r.anchor} (embeddings.LayerNorm): fuse_residual_ln.residual (residual_same_shape): x ")
+    assert html.unescape(mark.group(1)) == ("1 at 1 node (one per pattern and place): "
+                                            f"1 lookalike, not a candidate (nothing to fix, not a near-miss): {item}")
     assert "c62828" not in chip  # not in the rejection's red
     row = next(r for r in s.version_rows() if r["version"] == "after fuse_residual_ln")
-    assert row["rejections"] == 0 and row["not_near_misses"] == {NOT_A_CANDIDATE: ["embeddings.LayerNorm"]}
+    assert row["rejections"] == 0 and row["not_near_misses"] == {NOT_A_CANDIDATE: [item]}
 
 
 # a reader the model returns (extra_h1_user, output_intermediate) is illegal for its layer, no near-miss
@@ -90,7 +96,9 @@ def test_a_pass_that_only_met_a_lookalike_stays_listed_with_its_mark(pos):
     s = app(source="ir", ir_text=broadcast_sum(pos, steps=3))
     step = next(st for st in s.trace.steps if st.pass_name == "fuse_residual_ln")
     assert not step.changed and step.rejections and not refusals(step)
-    assert not_near_misses(step) == {NOT_A_CANDIDATE: ["embeddings.LayerNorm"]}
+    (r,) = [r for r in step.rejections if r.kind == NOT_A_CANDIDATE]  # without the trace: the message as recorded
+    assert not_near_misses(step) == {NOT_A_CANDIDATE: [f"%{r.anchor} (embeddings.LayerNorm): {r.rule} ({r.guard}): "
+                                                       f"{r.message}"]}
     assert s.hide_unchanged and "after fuse_residual_ln" in s.version_labels
     chip = chips(s)["after fuse_residual_ln"]
     assert "✗" not in chip and f">{NOT_NEAR_MISS_MARK}1</span>" in chip

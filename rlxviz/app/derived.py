@@ -16,8 +16,8 @@ import param
 from .. import session
 from ..ir import Graph, format_graph
 from ..passes import PassStep, Trace
-from ..passes.trace import Rejection, layer_label, place_label
-from ..passes.why.places import Places, places
+from ..passes.trace import Rejection, layer_label
+from ..passes.why.places import Places, own_item, places
 from ..passes.why.verdict import OP_GAP_GROUP, RunVerdict
 from ..session import LayerStatus, SessionError, View, overlays
 from ..session import render as drawing
@@ -51,7 +51,7 @@ def step_places(step: PassStep, trace: Trace | None = None) -> Places:
     """`passes.why.places.places` of `step` of `trace`: its refusals counted `PLACE_UNIT` (a pattern's candidate at one
     node, never per failing guard), the hard near-misses (the chip's ✗) apart from the places that are no near-miss
     (the chip's faded ○). Without `trace` (or a step of no trace), by the refusal alone (`Rejection.near_miss`): the
-    hard refusals of a kind that is no near-miss, by node path, still one per place."""
+    hard refusals of a kind that is no near-miss, each by its node and message (`own_item`), still one per place."""
     if trace is not None and (k := trace.index_of(step)) is not None:
         return places(trace, k)
     heads: dict[tuple[str, int], Rejection] = {}
@@ -62,7 +62,7 @@ def step_places(step: PassStep, trace: Trace | None = None) -> Places:
     at: dict[str, list[int]] = {}
     for r in heads.values():
         if not r.near_miss:
-            excused.setdefault(r.kind, []).append(place_label(r.anchor, r.path))
+            excused.setdefault(r.kind, []).append(own_item(r))
             at.setdefault(r.kind, []).append(r.anchor)
     return Places([r for r in heads.values() if r.near_miss], excused, at)
 
@@ -83,8 +83,10 @@ def refusals(step: PassStep, trace: Trace | None = None) -> list[Rejection]:
 def not_near_misses(step: PassStep, trace: Trace | None = None) -> dict[str, list[str]]:
     """Group -> items of `step`'s places that are no near-miss and nothing to fix (`step_places`, `Places.faded`: the
     model's own term, a lookalike, a declined merge, not expected of the layer, illegal for it; hard or soft), in the
-    run's order: an item is the place's node path, or `PATH: RULE (GUARD): why` where the reason differs by place (the
-    chip's faded ○N). A place at a gap in rlxviz's ops is not one of them (`Places.gaps`: the chip's △N)."""
+    run's order: an item is `%ANCHOR (PATH): RULE (GUARD): MESSAGE` for a place whose reason is its refusal's own (the
+    model's own term, a lookalike, a declined merge: `places.own_item`, as `explain` lists it), else `PATH: RULE
+    (GUARD): why` (the chip's faded ○N). A place at a gap in rlxviz's ops is not one of them (`Places.gaps`: the
+    chip's △N)."""
     return step_places(step, trace).faded
 
 

@@ -14,7 +14,7 @@ from ...ir.identity import IdentityMap
 from ..explain import Outcome, explain
 from ..pattern import describe
 from ..refusal_kinds import DOES_NOT_PAY, MODEL_TERM, NOT_A_CANDIDATE
-from ..report import in_context
+from ..report import in_context, left_out_message
 from ..trace import Rejection, Trace, place_label
 from .caveat import model_fix_note
 from .facts import RunFacts
@@ -36,9 +36,10 @@ class Places:
         near_misses: the headline refusal of each hard place that is a near-miss (`standing` None), in the run's
             order: what a version chip counts as `✗`.
         excused: `standing` group -> one item per place that is no near-miss (hard or soft), in the run's order:
-            its name (`trace.place_label`: its node path, `%ANCHOR` for none), and for a group whose reason differs
-            by place (`NOT_EXPECTED_HERE`, `OP_GAP_GROUP`, `ILLEGAL_HERE_GROUP`, `TAKEN_LATER_GROUP`)
-            `PATH: RULE (GUARD): why`, the place
+            for the model's own term, a lookalike or a declined merge, `%ANCHOR (PATH): RULE (GUARD): MESSAGE` as
+            `explain` lists it (`own_item`; a place the model's own term holds, `%ANCHOR (PATH): RULE: why`); for a
+            group whose reason differs by place (`NOT_EXPECTED_HERE`, `OP_GAP_GROUP`, `ILLEGAL_HERE_GROUP`,
+            `TAKEN_LATER_GROUP`, a declined merge that left nodes out) `PATH: RULE (GUARD): why`, the place
             named once as `near_miss_item` names it, a not-expected one's why as `explain` words it
             (`policy.not_expected_line` without its places: the guard's reason, then why; `policy.gap_line` for
             `OP_GAP_GROUP`: the reason, then the form rlxviz lacks and its compiler fix). The chip's faded `○`, but
@@ -87,6 +88,17 @@ def near_miss_item(r: Rejection) -> str:
     `trace.place_label`), as the items of a place that is no near-miss name theirs where the reason differs by place
     (`Places.excused`)."""
     return f"{place_label(r.anchor, r.path)}: {r.rule} ({r.guard})"
+
+
+def own_item(r: Rejection, trace: Trace | None = None) -> str:
+    """A place that is no near-miss for a reason of its refusal's own (`r`: the model's own term kept, a lookalike, a
+    merge the cost test declined that left no other node out), named as `explain` lists it (`report.left_out_line`):
+    its node and path, `%ANCHOR (PATH)`, its rule and guard, then the refusal's message as the text says it
+    (`report.left_out_message` in `trace`; without one, the message as recorded), e.g. `%39
+    (model.encoder.block.0.layer.0.SelfAttention): fuse_sdpa.hf_attention (mask_model_term): additive score term kept
+    as the attention's operand: ...`. t5's ○4 after fuse_sdpa listed its four layer scopes alone: no node, no why."""
+    message = left_out_message(trace, r) if trace is not None else r.message
+    return f"{place_label(r.anchor, r.path, with_node=True)}: {r.rule} ({r.guard}): {message}"
 
 
 def left_out(g: Graph, r: Rejection) -> str:
@@ -195,12 +207,15 @@ def places(trace: Trace, step: int) -> Places:
             line = gap_line if group == OP_GAP_GROUP else not_expected_line
             item = f"{path}: {line(r.rule, r.guard, reason, why)}"  # its place named once: `path`
         elif group == MODEL_TERM and r.kind != MODEL_TERM:  # held by the model's own term: say it, and its gap
-            item = f"{path}: {r.rule}: {why}"  # (`standing.held_by`: t5's cross-attention, `default_scale` first)
+            # (`standing.held_by`: t5's cross-attention, `default_scale` first), its node named as `explain` does
+            item = f"{place_label(r.anchor, r.path, with_node=True)}: {r.rule}: {why}"
         elif group == DOES_NOT_PAY and (left := left_out(trace.steps[step].before, r)):
             why = cost_reason(in_context(trace, step, r)[0])  # and why: the table's words (the block it protects)
             item = f"{path}: {r.rule} ({r.guard}): left out {left}" + (f": {why}" if why else "")
-        else:
-            item = f"{path}: {r.rule} ({r.guard}): {why}" if group in (ILLEGAL_HERE_GROUP, TAKEN_LATER_GROUP) else path
+        elif group in (ILLEGAL_HERE_GROUP, TAKEN_LATER_GROUP):
+            item = f"{path}: {r.rule} ({r.guard}): {why}"
+        else:  # the model's own term, a lookalike, a declined merge: its node and why, as `explain` lists it
+            item = own_item(r, trace)
         excused.setdefault(group, []).append(item)
         excused_at.setdefault(group, []).append(r.anchor)
     return Places(near, excused, excused_at, list(lacks), workaround)
@@ -312,5 +327,5 @@ def with_standings(trace: Trace, run: RunVerdict) -> RunVerdict:
 
 
 __all__ = ["LEFT_OUT_STATUS", "PLACE_UNIT", "REJECTED", "PlaceCount", "Places", "gap_workaround", "layer_places",
-           "near_miss_item", "outcome_standing", "place_standings", "place_status", "places", "standing_mark",
-           "step_refusals", "with_standings"]
+           "near_miss_item", "outcome_standing", "own_item", "place_standings", "place_status", "places",
+           "standing_mark", "step_refusals", "with_standings"]
