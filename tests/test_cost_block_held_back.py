@@ -25,6 +25,7 @@ from rlxviz import session
 from rlxviz.app.explain import decision_rows
 from rlxviz.ir import Op
 from rlxviz.passes import Pipeline
+from rlxviz.passes.guard import DOES_NOT_PAY
 from rlxviz.passes.report import in_context
 from rlxviz.passes.trace import Trace
 from rlxviz.viz.overlay import worded
@@ -107,8 +108,8 @@ def test_where_the_block_formed_the_words_stay():
 def test_cohere_chip_tooltip_says_why_the_matmul_was_left_out():
     """The `○ does not pay` chip's tooltip item after fuse_shared_input_matmul said which node was left out
     (`left out matmul (node 238, model.layers.0.mlp)`) but not why; it now carries the cost the table and `explain
-    -v` say, read from the same words (`in_context`, `block_cost_in_context`): the block the interleaved RoPE gap
-    holds back."""
+    -v` say, made from the same record (`Rejection.costs`, `block_cost_in_context`): the block the interleaved RoPE
+    gap holds back."""
     from rlxviz.app.panels import not_near_miss_mark
     from rlxviz.passes.guard import DOES_NOT_PAY
     from rlxviz.passes.why.places import cost_reason, places
@@ -121,16 +122,59 @@ def test_cohere_chip_tooltip_says_why_the_matmul_was_left_out():
     for (_, r), item in zip(declined, p.faded[DOES_NOT_PAY], strict=True):
         said = in_context(t, k, r)[0]
         why = f"it would cost the attention block at {_claims(r)} {HELD}"
-        assert cost_reason(said) == why, said
+        assert cost_reason(t, r) == why and why in said, said
         assert item.endswith(f"(node {r.offending[0]}, {t.steps[k].before[r.offending[0]].path}): {why}"), item
         assert why in tip, tip
 
 
-def test_cost_reason_reads_each_member_and_nothing_else():
-    from rlxviz.passes.why.places import cost_reason
+def test_the_words_are_made_from_the_recorded_costs_not_read_back(monkeypatch):
+    """The cost test records each left-out member's cost (`Rejection.costs`); the message in context, the text's line
+    and the chip item's reason are made from that record, so a refusal whose message is worded otherwise (or names
+    no cost at all) still says the same cost: nothing parses the words back."""
+    from dataclasses import replace
 
-    two = ("a (node 1, p) is not merged: it would cost X (y; z); b (node 2, q) is not merged: it would cost W; "
-           "merged: c, d")
-    assert cost_reason(two) == "it would cost X (y; z); it would cost W"
-    assert cost_reason("m is not merged: it would cost V; fewer than 2 matmuls would be left") == "it would cost V"
-    assert cost_reason("no cost named here") == ""
+    from rlxviz.passes.report import block_cost_in_context, left_out_line
+    from rlxviz.passes.why.places import cost_reason, places
+
+    t = Pipeline.canonical().run(parallel_block("rope", False, None))
+    ((k, r),) = _declined(t)
+    (c,) = r.costs.costs
+    assert c.member == r.offending[0] and (c.width, c.qkv_width, c.epilogue) == (320, 192, None)
+    assert t.steps[k].before[c.attention].op == Op.ATTENTION
+    assert r.message == r.costs.message()  # the record's own words, as the rule made them
+    said, why, line = in_context(t, k, r)[0], cost_reason(t, r), left_out_line(t, r)
+    item = places(t, k).excused[DOES_NOT_PAY]
+    assert why.startswith("it would cost the attention block at attention (node ") and why in said and why in line
+    t = Pipeline.canonical().run(parallel_block("rope", False, None))  # a fresh run, worded otherwise before any view
+    rs = t.steps[k].rejections
+    rs[rs.index(r)] = other = replace(r, message="the cost test said no (worded otherwise)")
+    assert cost_reason(t, other) == why and block_cost_in_context(t, other) == said == in_context(t, k, other)[0]
+    assert left_out_line(t, other) == line and places(t, k).excused[DOES_NOT_PAY] == item
+    bare = replace(r, costs=None)  # a refusal that records no costs: its message as it is
+    assert cost_reason(t, bare) == "" and block_cost_in_context(t, bare) == r.message
+    from rlxviz.passes.merge_costs import MergeCosts  # the message worded otherwise, in context too: the same reason
+
+    monkeypatch.setattr(MergeCosts, "message", lambda self, *block: "left out: " + self.reason(*block))
+    t = Pipeline.canonical().run(parallel_block("rope", False, None))
+    ((k, r),) = _declined(t)
+    assert r.message.startswith("left out: it would cost ") and cost_reason(t, r) == why
+    assert places(t, k).excused[DOES_NOT_PAY] == item
+
+
+def test_each_member_says_its_own_cost():
+    """Two members left out, one losing its epilogue and the attention block, one its epilogue alone: each its own
+    cost, whatever its label holds (`;`, parentheses), then the members merged or the one left."""
+    from rlxviz.passes.merge_costs import Cost, MergeCosts
+
+    a = Cost(7, "a (node 7, p; q)", 9, "gelu", 3, "attention (node 3, x)", 96, 64)
+    b = Cost(8, "b (node 8, r)", 10, "silu")
+    two = MergeCosts((a, b), ("c", "d"))
+    assert two.message() == ("a (node 7, p; q) is not merged: it would cost its gelu epilogue (gelu node 9) and the "
+                             "attention block at attention (node 3, x) (Q/K/V packed with it would be 96 wide instead "
+                             "of 64); b (node 8, r) is not merged: it would cost its silu epilogue (silu node 10); "
+                             "merged: c, d")
+    assert two.reason(lambda c: "THE BLOCK" if c is a else None) == ("it would cost its gelu epilogue (gelu node 9) "
+                                                                      "and THE BLOCK; it would cost its silu epilogue "
+                                                                      "(silu node 10)")
+    assert MergeCosts((b,), ("c",)).message().endswith("; fewer than 2 matmuls would be left to merge (only c)")
+    assert MergeCosts((b,)).message().endswith("; fewer than 2 matmuls would be left to merge")

@@ -67,3 +67,31 @@ def test_the_inspector_lists_a_held_place_once_and_not_on_its_norm(t5):
     entries = [x for x in text.splitlines() if x.startswith("- ") and "fuse_attention_block.qkv_attention_out" in x]
     assert len(entries) == 1 and "guard **self_attention** (the model's own term)" in entries[0], entries
     assert "**default_scale**" not in text and "default_scale (the model's own term)" not in text, text
+
+
+def test_the_drawing_words_a_held_place_from_its_data_not_from_the_standing_text(monkeypatch):
+    """`overlay.held_places` hands out `standing.held_place`'s `Held` (the term's refusal, the gap's guard, its words):
+    with the standing's text worded otherwise (`Held.why`), the drawing's words for the place stay the gap's, so
+    nothing recovers them from that text (they once were, by stripping the term's words off it)."""
+    from test_encoder_decoder import encoder_decoder
+
+    from rlxviz.passes import Pipeline
+    from rlxviz.passes.refusal_kinds import MODEL_TERM
+    from rlxviz.passes.why.caveat import held_also
+    from rlxviz.passes.why.standing import Held, standing
+    from rlxviz.viz.overlay import gap_caveats, held_places, worded
+
+    monkeypatch.setattr(Held, "why", property(lambda h: f"held by its own term, worded otherwise [{h.guard}]"))
+    t = Pipeline.canonical().run(encoder_decoder("t5"))  # a fresh run: no standing made before the patch
+    step = next(s for s in t.steps if s.pass_name == "fuse_attention_block")
+    held = held_places(t, step)
+    assert held, [r.guard for r in step.rejections]
+    for (rule, anchor), h in held.items():
+        head = next(r for r in step.rejections if (r.rule, r.anchor) == (rule, anchor) and r.headline)
+        assert standing(t, head) == (MODEL_TERM, f"held by its own term, worded otherwise [{h.guard}]")
+        assert h.guard == head.guard == "default_scale" and h.term is not None and h.term.guard == "self_attention"
+        also = held_also(list(h.gaps), h.guard, head.pass_name)
+        assert h.also == also and also.startswith("it also runs into a gap in rlxviz's ops, "), also
+        (mark,) = [r for r in worded(t, step) if (r.rule, r.anchor) == (rule, anchor)]
+        assert mark.guard == "self_attention" and mark.message.endswith(f"; {also}"), mark.message
+        assert gap_caveats(t, step)[(rule, anchor)] == "it also runs into a gap in rlxviz's ops: default_scale"

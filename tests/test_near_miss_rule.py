@@ -300,11 +300,12 @@ def test_a_parallel_block_with_packed_qkv_fuses_as_expected(layers, paths):
     assert "shared-input QKV matmul" not in " ".join(lv.expected for lv in v.layers)
     assert not refusals(step, t)
     # each place, then the node the cost test left out (FC1), as messages name nodes: the place alone hid which;
-    # then why, as the table and `explain -v` say it (`places.cost_reason` of the message in context)
+    # then why, as the table and `explain -v` say it (`places.cost_reason`: the recorded costs in context)
     k = t.steps.index(step)
     assert not_near_misses(step, t) == {DOES_NOT_PAY: [
         f"{place_label(r.anchor, r.path)}: {r.rule} ({r.guard}): left out {describe(step.before[r.offending[0]])}: "
-        f"{cost_reason(in_context(t, k, r)[0])}" for r in hard]}
+        f"{cost_reason(t, r)}" for r in hard]}
+    assert all(cost_reason(t, r) in in_context(t, k, r)[0] for r in hard)  # the words `explain -v` says
     assert all(x.split("): left out ", 1)[1].count(": it would cost ") == 1 for x in not_near_misses(step, t)[
         DOES_NOT_PAY])
     s.hide_unchanged = False

@@ -37,6 +37,7 @@ from ..passes.trace import (
 )
 from ..passes.why.facts import RunFacts, layer_indices
 from ..passes.why.places import gap_workaround, place_standings, place_status, step_refusals
+from ..passes.why.standing import Held
 from ..passes.why.standing import standing as refusal_standing
 from ..passes.why.verdict import OP_GAP_GROUP, RunVerdict
 from ..session import host_words
@@ -464,14 +465,15 @@ def node_decisions(trace: Trace, node_id: int) -> list[dict[str, Any]]:
     return out
 
 
-def _held(r: Rejection, held: Mapping[tuple[str, int], tuple[Rejection, str, str]]) -> Rejection | None:
+def _held(r: Rejection, held: Mapping[tuple[str, int], Held]) -> Rejection | None:
     """`r` as the inspector tells it where its place is held by the model's own term (`held`: `overlay.held_places`,
     t5's cross-attention): its gap's refusal not at all, its term's at the anchor alone (never the Q norm the guard is
     about, `subject`), as the drawing marks it (`overlay.worded`); `r` itself elsewhere."""
     h = held.get((r.rule, r.anchor))
-    if h is None or r.guard not in (h[0].guard, h[2]):
+    term = h.term.guard if h is not None and h.term is not None else None
+    if h is None or r.guard not in (term, h.guard):
         return r
-    return replace(r, subject=None) if r.guard == h[0].guard else None
+    return replace(r, subject=None) if r.guard == term else None
 
 
 def _bound(s: PassStep, node_id: int, refusals: Sequence[Rejection], standing: str) -> dict[str, Any]:

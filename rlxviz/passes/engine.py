@@ -182,7 +182,7 @@ def _rejection(pass_name: str, rule: Rule, anchor: int, f: Fail, ctx: Ctx, headl
                soft: bool = False) -> Rejection:
     return Rejection(pass_name, rule.name, anchor, f.stage, f.guard, f.message, dict(ctx.bindings), f.offending,
                      f.edges, ctx.graph[anchor].path, f.hint, f.subject, f.kind, f.fix, f.needed, f.found, headline,
-                     soft, f.remedy, f.roles, f.dead, refusal_layer_path(ctx.graph, ctx.bindings, rule.core))
+                     soft, f.remedy, f.roles, f.dead, refusal_layer_path(ctx.graph, ctx.bindings, rule.core), f.costs)
 
 
 def try_rule(rule: Rule, graph: Graph, anchor: int, params: Mapping[str, Any]) -> Ctx | Fail:

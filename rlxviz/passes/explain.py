@@ -523,7 +523,7 @@ def explain(source: Graph | Trace, layer: int, pipeline: Pipeline | None = None)
             mine = at.matches.get((rule, layer), [])
             rej = at.rejections.get((rule, layer), [])
             if mine:
-                soft = tuple((r.guard, r.kind, block_cost_in_context(trace, r.message)) for r in rej if r.soft)
+                soft = tuple((r.guard, r.kind, block_cost_in_context(trace, r)) for r in rej if r.soft)
                 ex.outcomes.append(Outcome(at.name, rule, "fused",
                                            nodes=tuple(m.fused for m in mine if m.fused is not None), soft=soft))
                 ex.made[rule] = made_words(mine, at.taken, _form(rule), side_products(trace))

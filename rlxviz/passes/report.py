@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from ..ir import Graph, Node, Op
 from ..ir.identity import DigestCache
+from .merge_costs import Cost
 from .pipeline import PASSES, STAGES, Pipeline
 from .refusal_kinds import kind_words
 from .trace import Layer, Rejection, Trace, layer_of, place_label, reading_order
@@ -167,15 +168,11 @@ def _in_context(trace: Trace, step: int, r: Rejection) -> tuple[str, str]:
             said[name] = _what_ran(trace, step, r, name) or m.group(0)
         return said[name]
 
-    return _RUN_FIRST.sub(sub, block_cost_in_context(trace, r.message)), _RUN_FIRST.sub(sub, r.hint)
+    return _RUN_FIRST.sub(sub, block_cost_in_context(trace, r)), _RUN_FIRST.sub(sub, r.hint)
 
 
 BLOCK_PASS = "fuse_attention_block"
 """The pass whose block `fuse_shared_input_matmul`'s cost test protects (`rules.shared_input`)."""
-
-_BLOCK_COST = re.compile(r"the attention block at (?P<att>attention \(node (?P<id>\d+)[^()]*\)) \((?P<why>[^()]*)\)")
-"""A cost the cost test names (`merge_keeps_fusions`): `the attention block at attention (node 233, PATH) (Q/K/V
-packed with it would be 192 wide instead of 64)`."""
 
 
 def _block_formed(trace: Trace, att: int) -> bool:
@@ -196,35 +193,36 @@ def _block_refusal(trace: Trace, att: int) -> Rejection | None:
     return next((x for x in found if place_gaps(trace, x)), found[-1] if found else None)
 
 
-def block_cost_in_context(trace: Trace, message: str) -> str:
-    """`message` with each attention block a cost test protects (`_BLOCK_COST`) that did not form in the end
-    (`_block_formed`) named as what holds it back here, from `BLOCK_PASS`'s refusal at that attention
-    (`_block_refusal`): at a gap in rlxviz's ops, `the attention block at attention (node 233, PATH) that
-    FusedAttentionBlock with interleaved RoPE would form (rlxviz lacks it: rope_halves; the compiler fix forms it;
-    Q/K/V packed ...)`. The cost test protects such a block on purpose (its compiler fix forms it), but "it would
-    cost the attention block" beside no block claimed a cost this run does not pay. Where the block formed,
-    `message` is returned as it is."""
-    if "the attention block at " not in message:
-        return message
+def block_cost_in_context(trace: Trace, r: Rejection) -> str:
+    """The message of rejection `r` of `trace`, with each attention block a cost test protects (`r.costs`,
+    `merge_costs.Cost.attention`) that did not form in the end (`_block_formed`) named as what holds it back here
+    (`block_in_context`); `r.message` itself for a refusal that records no costs."""
+    return r.message if r.costs is None else r.costs.message(lambda c: block_in_context(trace, c))
+
+
+def block_in_context(trace: Trace, c: Cost) -> str | None:
+    """The attention block that the member of cost `c` would cost, worded as what holds it back where it did not form
+    in the end (`_block_formed`), from `BLOCK_PASS`'s refusal at that attention (`_block_refusal`): at a gap in
+    rlxviz's ops, `the attention block at attention (node 233, PATH) that FusedAttentionBlock with interleaved RoPE
+    would form (rlxviz lacks it: rope_halves; the compiler fix forms it; Q/K/V packed ...)`. The cost test protects
+    such a block on purpose (its compiler fix forms it), but "it would cost the attention block" beside no block
+    claimed a cost this run does not pay. None where the block formed, or `c` protects none: the words as recorded
+    (`Cost.block`)."""
+    if c.attention is None or _block_formed(trace, c.attention):
+        return None
     from .why.standing import place_gaps  # the verdict's package reads this module
 
-    def sub(m: re.Match[str]) -> str:
-        att, why = int(m.group("id")), m.group("why")
-        if _block_formed(trace, att):
-            return m.group(0)
-        x = _block_refusal(trace, att)
-        head = f"the attention block at {m.group('att')}"
-        if x is None:
-            ran = any(s.family == BLOCK_PASS for s in trace.steps)
-            said = "made none there" if ran else "is not in the pipeline"
-            return f"{head}, which does not form in this run ({BLOCK_PASS} {said}; {why})"
-        gaps = place_gaps(trace, x)
-        if gaps:
-            return (f"{head} that {' and '.join(gaps)} would form (rlxviz lacks it: {x.guard}; the compiler fix "
-                    f"forms it; {why})")
-        return f"{head}, which {x.rule} does not form here ({x.guard}: {kind_words(x.kind, x.dead)}; {why})"
-
-    return _BLOCK_COST.sub(sub, message)
+    x = _block_refusal(trace, c.attention)
+    head, why = f"the attention block at {c.attention_label}", c.packed
+    if x is None:
+        ran = any(s.family == BLOCK_PASS for s in trace.steps)
+        said = "made none there" if ran else "is not in the pipeline"
+        return f"{head}, which does not form in this run ({BLOCK_PASS} {said}; {why})"
+    gaps = place_gaps(trace, x)
+    if gaps:
+        return (f"{head} that {' and '.join(gaps)} would form (rlxviz lacks it: {x.guard}; the compiler fix "
+                f"forms it; {why})")
+    return f"{head}, which {x.rule} does not form here ({x.guard}: {kind_words(x.kind, x.dead)}; {why})"
 
 
 def fix_line(trace: Trace, step: int, r: Rejection) -> str:
@@ -458,7 +456,7 @@ def left_out_message(trace: Trace, r: Rejection) -> str:
     """The reason `left_out_line` gives the rejection `r` of `trace`: its message, a protected attention block that
     did not form named as what holds it back (`block_cost_in_context`, as `in_context` words it for the app). The
     app's chips say a place that keeps the model's own term (or is a lookalike) with it (`why.places.own_item`)."""
-    return block_cost_in_context(trace, r.message)
+    return block_cost_in_context(trace, r)
 
 
 def left_out_line(trace: Trace, r: Rejection) -> str:
@@ -488,6 +486,7 @@ def format_report(trace: Trace) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["MissedFusion", "block_cost_in_context", "fix_line", "format_report", "in_context", "left_out",
-           "left_out_line", "left_out_message", "left_out_rejections", "missed_fusions", "taken_by", "taken_later",
+__all__ = ["MissedFusion", "block_cost_in_context", "block_in_context", "fix_line", "format_report", "in_context",
+           "left_out", "left_out_line", "left_out_message", "left_out_rejections", "missed_fusions", "taken_by",
+           "taken_later",
            "taken_places"]

@@ -43,6 +43,7 @@ from .guard import (
     dead_readers,
     reader_advice,
 )
+from .merge_costs import MergeCosts
 from .pattern import SAME_NODE, Bindings, Miss, P, also_read, describe, op_label, where
 from .spelling import close, data_keys, scan
 
@@ -65,8 +66,8 @@ class Fail:
     found: str = ""  # structure failures: the op found there
     remedy: str = ""  # guard.REMEDIES: IN_MODEL ("" too), COMPILER_ONLY or READ_BY_MODEL (the hint keeps the numbers?)
     roles: tuple[str, ...] = ()  # the roles the failing step reads or binds (`step_roles`); (): not known
-    dead: tuple[int, ...] = ()  # a reader refusal's extra readers when all are dead code (`readers.dead_readers`):
-    # `search.attempt` then words `fix` as dead_code_elimination before the rule's pass (`readers.DCE_FIRST`)
+    dead: tuple[int, ...] = ()  # a reader refusal's extra readers, all dead code (`readers.dead_readers`, `search`)
+    costs: MergeCosts | None = None  # what a cost test's left-out members would cost (`Rejection.costs`)
 
 
 QUIET = Fail("structure", "", "", quiet=True)
@@ -534,8 +535,7 @@ def _role_ops(p: P, out: dict[str, set[Op] | None]) -> dict[str, set[Op] | None]
 
 def _check_attrs_read(rule: Rule) -> None:
     """Every attribute a step, guard or rewrite reads by literal from a bound role (`c["norm"].attrs["eps"]`) is an
-    attribute of one of the ops the role's pattern allows (`SPECS`), so a misspelt key (a silent None) fails at
-    import."""
+    attribute of an op the role's pattern allows (`SPECS`), so a misspelt key (a silent None) fails at import."""
     ops: dict[str, set[Op] | None] = _role_ops(rule.anchor, {})
     fns: list[Any] = [rule.build, rule.rewrite]
     for s in rule.steps:

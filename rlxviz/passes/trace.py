@@ -18,6 +18,7 @@ from typing import Any
 
 from ..ir import Graph, graph_to_dict
 from .guard import near_miss_kind
+from .merge_costs import MergeCosts
 
 _LAYER = re.compile(r"(?:^|\.)(?:layer|layers|h|blocks?)\.(\d+)(?:\.|$)|@(\d+)(?:\.|$)")
 """A layer in a path: `encoder.layer.3`, `h.3`, `blocks.3`, or the 3rd call of a module called once per layer
@@ -276,6 +277,8 @@ class Rejection:
         layer_path: the path that files the refusal in a layer (`REFUSAL_LAYER_RULE`): the path of the refused
             candidate's core op (`Rule.core`: a linear's matmul) where its rule names one and it was bound; ""
             (the anchor's `path` files it) otherwise. `path` stays the anchor's: the place's label.
+        costs: what the members a cost test left out would cost (`merge_costs.MergeCosts`, `merge_keeps_fusions`),
+            from which `message` and every view's words are made; None for any other refusal.
     """
 
     pass_name: str
@@ -300,6 +303,7 @@ class Rejection:
     roles: tuple[str, ...] = ()
     dead: tuple[int, ...] = ()
     layer_path: str = ""
+    costs: MergeCosts | None = None
 
     @property
     def layer(self) -> int | None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Container
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 from ..ir import Graph, Node, Op, operand_roles
 from ..ir.identity import DigestCache
@@ -17,6 +18,9 @@ from ..ir.ops import FUSED
 from ..passes.made import Beside, made_beside, made_in_run, stage_makers, step_makers
 from ..passes.trace import Match, PassStep, Rejection, Trace
 from ..passes.why.gap_words import GapNames, group_words, trait_worded
+
+if TYPE_CHECKING:
+    from ..passes.why.standing import Held
 
 INPUT_ROLES = frozenset(r for op in FUSED for k in range(1, 15) for r in operand_roles(op, {"has_rope": True}, k)
                         if not r.startswith("in"))
@@ -253,29 +257,28 @@ def gap_caveats(trace: Trace | None, step: PassStep, groups: dict[tuple[str, int
     from ..passes.why.standing import gap_caveat  # the verdict reads the pipeline; the overlay is drawn without
 
     at = _gap_places(trace, step, groups)
-    held = {pl: f"it also runs into a gap in rlxviz's ops: {x[2]}" for pl, x in held_places(trace, step).items()}
+    held = {pl: f"it also runs into a gap in rlxviz's ops: {h.guard}" for pl, h in held_places(trace, step).items()}
     return {pl: w for pl, rs in at.items() if (w := gap_caveat(trace, rs))} | held
 
 
-def held_places(trace: Trace | None, step: PassStep) -> dict[tuple[str, int], tuple[Rejection, str, str]]:
-    """Each place (rule, anchor) of `step`'s refusals held by the model's own term (`passes.why.standing.held_by`:
-    t5's cross-attention, refused by the gap `default_scale`, whose compiler fix alone uncovers `self_attention`) ->
-    (that term's refusal, the gap's words as `explain` says them after it: `it also runs into a gap in rlxviz's ops,
-    ... (default_scale), whose compiler fix alone would not form FusedAttentionBlock here`, the gap's guard). Its
-    marks are the term's, on the anchor (`worded`), never the gap's, nor the term's on the Q-side norm its guard is
-    about. {} without `trace` (or a step of no trace)."""
+def held_places(trace: Trace | None, step: PassStep) -> dict[tuple[str, int], Held]:
+    """Each place (rule, anchor) of `step`'s refusals held by the model's own term whose refusal the run recorded
+    (`passes.why.standing.held_place`: t5's cross-attention, refused by the gap `default_scale`, whose compiler fix
+    alone uncovers `self_attention`) -> its `Held`: that term's refusal (`term`), the gap's words as `explain` says
+    them after it (`also`: `it also runs into a gap in rlxviz's ops, ... (default_scale), whose compiler fix alone would
+    not form FusedAttentionBlock here`) and the gap's guard (`guard`). Its marks are the term's, on the anchor
+    (`worded`), never the gap's, nor the term's on the Q-side norm its guard is about. {} without `trace` (or a step
+    of no trace)."""
     k = trace.index_of(step) if trace is not None else None
     if trace is None or k is None:
         return {}
     from ..passes.refusal_kinds import MODEL_TERM  # the verdict reads the pipeline; the overlay is drawn without it
     from ..passes.why.places import place_standings
-    from ..passes.why.standing import held_by
+    from ..passes.why.standing import held_place
 
-    out = {}
-    for pl, (head, st) in place_standings(trace, k).items():
-        if st is not None and st[0] == MODEL_TERM and (term := held_by(trace, head)) is not None:
-            out[pl] = (term, st[1].removeprefix(f"{term.guard} ({MODEL_TERM}): {term.message}; "), head.guard)
-    return out
+    return {pl: held for pl, (head, st) in place_standings(trace, k).items()
+            if st is not None and st[0] == MODEL_TERM and (held := held_place(trace, head)) is not None
+            and held.term is not None}
 
 
 def is_gap(group: str) -> bool:
@@ -301,10 +304,12 @@ def worded(trace: Trace, step: PassStep) -> tuple[Rejection, ...]:
         return tuple(step.rejections)
     out, held = [], held_places(trace, step)
     for r in _refusals(trace, step):  # a finding filed under the step too, as the chips count it
-        if (h := held.get((r.rule, r.anchor))) is not None and (r.headline or r.guard == h[0].guard):
+        if (h := held.get((r.rule, r.anchor))) is not None and h.term is not None and (
+                r.headline or r.guard == h.term.guard):
             if r.headline:  # one mark at a held place: its term's, on the anchor, naming the gap it also has
-                message = f"{in_context(trace, k, h[0])[0]}; {h[1]}"
-                out.append(replace(h[0], message=message, hint=fix_line(trace, k, h[0]), subject=None, headline=True))
+                message = f"{in_context(trace, k, h.term)[0]}; {h.also}"
+                out.append(replace(h.term, message=message, hint=fix_line(trace, k, h.term), subject=None,
+                                   headline=True))
             continue
         message, hint = in_context(trace, k, r)[0], fix_line(trace, k, r)
         out.append(r if (message, hint) == (r.message, r.hint) else replace(r, message=message, hint=hint))

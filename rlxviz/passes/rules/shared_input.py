@@ -29,6 +29,7 @@ from ..guard import (
     guard,
     use_count,
 )
+from ..merge_costs import Cost, MergeCosts
 from ..pattern import P, describe
 from ..rule import QUIET, Fail, Rule, Soft, reports
 from .block import model_refusal
@@ -120,16 +121,11 @@ def _group(c: Ctx) -> Fail | None:
         for m in group:
             if m in keep:
                 continue
-            costs = []
             act = _epilogue_of(g, m)
-            if act is not None:
-                costs.append(f"its {act.op.value} epilogue ({act.op.value} node {act.id})")
-            if triple:
-                att, qkv = triple
-                h = sum(q.shape[-1] for q in qkv)
-                costs.append(f"the attention block at {describe(att, 'attention')} (Q/K/V packed with it would be "
-                             f"{h + m.shape[-1]} wide instead of {h})")
-            refused.append((m, " and ".join(costs)))
+            att, h = (triple[0], sum(q.shape[-1] for q in triple[1])) if triple else (None, 0)
+            refused.append(Cost(m.id, _label(g, m), act.id if act else None, act.op.value if act else "",
+                                att.id if att else None, describe(att, "attention") if att else "",
+                                h + m.shape[-1] if att else 0, h))
     for i, m in enumerate(keep):
         c.bindings[f"mm{i}"] = m.id
         c.bindings[f"w{i}"] = m.inputs[1]
@@ -139,18 +135,15 @@ def _group(c: Ctx) -> Fail | None:
     c.data["n"] = len(keep)
     if not refused:
         return None
-    why = "; ".join(f"{_label(g, m)} is not merged: it would cost {cost}" for m, cost in refused)
-    ids = tuple(m.id for m, _ in refused)
-    hint = "nothing to change in the model: a merge that costs fusions does not pay"
-    fix = "a multi-output packed projection whose epilogues apply per slice (PaLM-style QKV+FC1 with one GEMM)"
-    if len(keep) < 2:
-        left = f" (only {_label(g, keep[0])})" if keep else ""  # e.g. a QKV the model already packs into one matmul
-        return Fail("guard", "merge_keeps_fusions", f"{why}; fewer than 2 matmuls would be left to merge{left}", ids,
-                    (), hint, subject=ids[0], kind=NOT_PROFITABLE, fix=fix, remedy=DOES_NOT_PAY)
-    kept = ", ".join(_label(g, m) for m in keep)
-    c.data.setdefault("soft", []).append(
-        Fail("guard", "merge_keeps_fusions", f"{why}; merged: {kept}", ids, (), hint, subject=ids[0],
-             kind=NOT_PROFITABLE, fix=fix, remedy=DOES_NOT_PAY))
+    costs = MergeCosts(tuple(refused), tuple(_label(g, m) for m in keep))  # the words are made from it, never read
+    ids = tuple(x.member for x in refused)
+    fail = Fail("guard", "merge_keeps_fusions", costs.message(), ids, (), subject=ids[0], kind=NOT_PROFITABLE,
+                hint="nothing to change in the model: a merge that costs fusions does not pay", remedy=DOES_NOT_PAY,
+                fix="a multi-output packed projection whose epilogues apply per slice (PaLM-style QKV+FC1 with one "
+                    "GEMM)", costs=costs)
+    if len(keep) < 2:  # e.g. a QKV the model already packs into one matmul: fails (hard)
+        return fail
+    c.data.setdefault("soft", []).append(fail)
     return None
 
 

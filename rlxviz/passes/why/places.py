@@ -6,7 +6,6 @@ place's standing (`place_standings`) that the chips, the table and the drawings 
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field, replace
 
 from ...ir import Graph
@@ -14,7 +13,7 @@ from ...ir.identity import IdentityMap
 from ..explain import Outcome, explain
 from ..pattern import describe
 from ..refusal_kinds import DOES_NOT_PAY, MODEL_TERM, NOT_A_CANDIDATE
-from ..report import in_context, left_out_message
+from ..report import block_in_context, in_context, left_out_message, name_users_nodes
 from ..trace import Rejection, Trace, place_label
 from .caveat import model_fix_note
 from .facts import RunFacts
@@ -109,18 +108,15 @@ def left_out(g: Graph, r: Rejection) -> str:
     return ", ".join(describe(g[i]) for i in dict.fromkeys(r.offending) if i != r.anchor and i in g)
 
 
-_COST = re.compile(r" is not merged: (?P<cost>it would cost .*?)"
-                   r"(?=; [^;]* is not merged: |; merged: |; fewer than 2 |$)")
-"""A member's cost in a `merge_keeps_fusions` message: `LABEL is not merged: it would cost COST`, up to the next
-member's, `; merged: ...` or `; fewer than 2 matmuls ...` (`rules.shared_input`)."""
-
-
-def cost_reason(message: str) -> str:
-    """Why a cost test left its nodes out, from its refusal's `message` as `explain` words it in context
-    (`report.in_context`, whose `report.block_cost_in_context` says what holds a protected attention block back):
-    each member's `it would cost ...`, joined by "; "; "" when the message names no cost. The chip item of such a
-    place said which node was left out but not why, while `explain -v` and the matches table said it."""
-    return "; ".join(m.group("cost") for m in _COST.finditer(message))
+def cost_reason(trace: Trace, r: Rejection) -> str:
+    """Why the cost test's refusal `r` of `trace` left its nodes out, from the costs it recorded (`r.costs`) as
+    `explain` words them in context (`report.block_cost_in_context`: what holds a protected attention block back,
+    with `report.name_users_nodes`): each member's `it would cost ...`, joined by "; "; "" for a refusal that
+    records no costs. The chip item of such a place said which node was left out but not why, while `explain -v` and
+    the matches table said it."""
+    if r.costs is None:
+        return ""
+    return name_users_nodes(trace, r.costs.reason(lambda c: block_in_context(trace, c)))
 
 
 def step_refusals(trace: Trace, step: int) -> tuple[Rejection, ...]:
@@ -210,7 +206,7 @@ def places(trace: Trace, step: int) -> Places:
             # (`standing.held_by`: t5's cross-attention, `default_scale` first), its node named as `explain` does
             item = f"{place_label(r.anchor, r.path, with_node=True)}: {r.rule}: {why}"
         elif group == DOES_NOT_PAY and (left := left_out(trace.steps[step].before, r)):
-            why = cost_reason(in_context(trace, step, r)[0])  # and why: the table's words (the block it protects)
+            why = cost_reason(trace, r)  # and why: the table's words (the block it protects)
             item = f"{path}: {r.rule} ({r.guard}): left out {left}" + (f": {why}" if why else "")
         elif group in (ILLEGAL_HERE_GROUP, TAKEN_LATER_GROUP):
             item = f"{path}: {r.rule} ({r.guard}): {why}"

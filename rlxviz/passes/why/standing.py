@@ -8,6 +8,7 @@ The verdict's own rule (`verdict.layer_verdict`, `policy.excuse`) read per refus
 from __future__ import annotations
 
 import operator
+from dataclasses import dataclass
 
 from ..architecture import classify_layer
 from ..refusal_kinds import MODEL_TERM, model_term_why
@@ -98,9 +99,17 @@ def _excused(trace: Trace, r: Rejection) -> tuple[Architecture | None, tuple[str
     `policy.excuse` there, and the op forms rlxviz lacks at it (`policy.op_gaps`) only where that excuse is
     `NOT_EXPECTED_HERE`: a refusal of a kind that is no near-miss (the model's own term, a lookalike, a merge that
     does not pay) stands in its kind's group whatever compiler fix it names (a cross-attention's `self_attention`:
-    `a cross-attention block`), so no view may call it a gap. The one reading of a refusal's standing and its gaps
+    `a cross-attention block`), so no view may call it a gap. A place held by the model's own term (`_held`) stands
+    with the model's own terms (`Held.why`), at no gap. The one reading of a refusal's standing and its gaps
     for `standing`, `unexpected_fix`, `place_gaps` and `place_gap_names` (the Why tab's "said no here" line read
     `op_gaps` alone and called the cross-attention refusal a gap the chips, `-v` and `--json` do not)."""
+    arch, ex, gaps = _judged(trace, r)
+    held = _held(trace, r, gaps)
+    return (arch, (MODEL_TERM, held.why), []) if held is not None else (arch, ex, gaps)
+
+
+def _judged(trace: Trace, r: Rejection) -> tuple[Architecture | None, tuple[str, str] | None, list[str]]:
+    """`_excused` before a place held by the model's own term is told apart: its gap's excuse and gaps."""
     facts = RunFacts.of(trace)
     arch = _judged_as(facts, r.layer)
     mine = _own_fixes(facts, r)
@@ -109,12 +118,57 @@ def _excused(trace: Trace, r: Rejection) -> tuple[Architecture | None, tuple[str
         ex = (MODEL_TERM, model_term_why(r.guard, r.message, r.soft))
     gaps = (op_gaps(arch, r.pass_name, r.guard, mine)
             if ex is not None and ex[0] == NOT_EXPECTED_HERE and arch is not None else [])
-    if gaps and own_term_behind(trace, r.rule, r.anchor, r.guard):  # held by the model's own term, not the gap
-        term = _term_refusal(trace, r)
-        said = (f"{term.guard} ({MODEL_TERM}): {term.message}" if term is not None
-                else fix_blocker(trace, r.rule, r.anchor, r.guard))
-        return arch, (MODEL_TERM, f"{said}; {held_also(gaps, r.guard, r.pass_name)}"), []
     return arch, ex, gaps
+
+
+@dataclass(frozen=True)
+class Held:
+    """A place held by the model's own term (`caveat.own_term_behind`: t5's cross-attention, refused by the gap
+    `default_scale`, whose compiler fix alone would only uncover `self_attention`), as data every view words itself.
+
+    Attributes:
+        term: the term's refusal the run recorded at the place (a further failing guard), or None.
+        blocker: what the gap's compiler fix alone uncovers (`caveat.fix_blocker`: `self_attention (the model's own
+            term)`), said where the run recorded no term's refusal.
+        gaps: the op forms rlxviz lacks there (`policy.op_gaps`), e.g. `FusedAttentionBlock with a scale attribute`.
+        guard: the gap's guard (the place's headline refusal's, `default_scale`).
+        pass_name: the refused pass, whose product the gap's fix alone would not form (`policy.PRODUCTS`).
+    """
+
+    term: Rejection | None
+    blocker: str
+    gaps: tuple[str, ...]
+    guard: str
+    pass_name: str
+
+    @property
+    def also(self) -> str:
+        """The gap it also runs into, after the term (`caveat.held_also`): `it also runs into a gap in rlxviz's ops,
+        ... (default_scale), whose compiler fix alone would not form FusedAttentionBlock here`."""
+        return held_also(list(self.gaps), self.guard, self.pass_name)
+
+    @property
+    def why(self) -> str:
+        """The place's standing reason (`standing`'s, with `MODEL_TERM`): the term's refusal (`GUARD (the model's own
+        term): MESSAGE`, else `blocker`), then `also`."""
+        said = f"{self.term.guard} ({MODEL_TERM}): {self.term.message}" if self.term is not None else self.blocker
+        return f"{said}; {self.also}"
+
+
+def _held(trace: Trace, r: Rejection, gaps: list[str]) -> Held | None:
+    """`Held` of the refusal `r` at gaps `gaps` (`_judged`'s) whose compiler fix alone would only uncover the model's
+    own term (`caveat.own_term_behind`); None for any other refusal."""
+    if not gaps or not own_term_behind(trace, r.rule, r.anchor, r.guard):
+        return None
+    term = _term_refusal(trace, r)
+    blocker = fix_blocker(trace, r.rule, r.anchor, r.guard) if term is None else ""
+    return Held(term, blocker, tuple(gaps), r.guard, r.pass_name)
+
+
+def held_place(trace: Trace, r: Rejection) -> Held | None:
+    """`Held` of the place of the refusal `r` of `trace` when the model's own term holds it (`held_by`'s, with the
+    gap it also runs into: what the drawing, the inspector and the text word from it), else None."""
+    return None if r.kind == MODEL_TERM else _held(trace, r, _judged(trace, r)[2])
 
 
 def _term_refusal(trace: Trace, r: Rejection) -> Rejection | None:
@@ -129,12 +183,11 @@ def _term_refusal(trace: Trace, r: Rejection) -> Rejection | None:
 def held_by(trace: Trace, r: Rejection) -> Rejection | None:
     """The refusal of the model's own term that holds the place of the refusal `r` (`caveat.own_term_behind`: r is at
     a gap in rlxviz's ops whose compiler fix alone would only uncover it; t5's cross-attention, `default_scale` then
-    `self_attention`); None for any other refusal, or when the run recorded no such further refusal. Such a place
-    stands with the model's own terms (`standing`: `MODEL_TERM`), as marian's cross-attention does."""
-    if r.kind == MODEL_TERM:
-        return None
-    ex = _excused(trace, r)[1]
-    return _term_refusal(trace, r) if ex is not None and ex[0] == MODEL_TERM else None
+    `self_attention`); None for any other refusal, or when the run recorded no such further refusal (`held_place`'s
+    `Held.term`). Such a place stands with the model's own terms (`standing`: `MODEL_TERM`), as marian's
+    cross-attention does."""
+    held = held_place(trace, r)
+    return held.term if held is not None else None
 
 
 def place_gap_names(trace: Trace, refusals: list[Rejection]) -> list[tuple[str, str]]:
@@ -221,5 +274,5 @@ def _own_fixes(facts: RunFacts, r: Rejection) -> Rejection | None:
     return None if facts.cache.get(("deviates", r.layer)) else r
 
 
-__all__ = ["gap_caveat", "gap_followers", "held_by", "place_gap_names", "place_gaps", "standing",
+__all__ = ["Held", "gap_caveat", "gap_followers", "held_by", "held_place", "place_gap_names", "place_gaps", "standing",
            "unexpected_fix"]
