@@ -454,6 +454,15 @@ class AppState(Derived, PipelineEdits, param.Parameterized):
         if not self.input_first:
             self.measure_overlay()
 
+    @param.depends("selected_node", watch=True)
+    def _node_layer(self) -> None:
+        """A click on a node selects its layer (`node_layer`), as a click on a layer box does (`toggle_layer`): the
+        Why tab and the focus view show the layer the drawer names (marian.encdec's decoder cross-attention softmax
+        opened the Why tab on encoder layer 0). A node of no layer leaves the selected layer as it was."""
+        layer = self.node_layer(self.selected_node, self.selected_before)
+        if layer is not None:
+            self.selected_layer = layer
+
     @param.depends("trace", watch=True)
     def _own_layer_key(self) -> None:
         """A new run: the selected layer and the layers drawn open become its model's own keys (`LayerKey`,
