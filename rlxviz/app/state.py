@@ -148,6 +148,8 @@ class AppState(Derived, PipelineEdits, param.Parameterized):
     message = param.String("", doc="The last error or notice, in plain words with what to do.")
     stale = param.String("", doc="Why the panes show an older model or run than the controls ask for (the last load "
                                  "or pipeline run failed), in plain words; '' when they show what was asked.")
+    stale_more = param.String("", doc="The whole message of the failure `stale` names where `stale` cuts it "
+                                      "(`wording.stale_more`), for the stale box to unfold; '' else.")
     message_kind = param.Selector(objects=["info", "success", "warning", "danger"], default="info")
     busy = param.Boolean(False, doc="A job is running.")
     timing_running = param.Boolean(False, doc="A timing run is under way: the Timing tab's figures are the previous "
