@@ -16,7 +16,7 @@ DERIVATIONS: list[tuple[str, tuple[Any, ...]]] = [
     ("trace_json", ()), ("render_key", ()), ("resolved_view", ()), ("dot", ()), ("svg", ()), ("heat", ()),
     ("overlay_legend", ()), ("svg_before", ()), ("heat_before", ()), ("layers", ()), ("verdict", ()),
     ("layer_status", (0,)), ("why_layer", (0,)), ("why_graph", ()), ("svg_why", ()), ("hidden_note", ()),
-    ("hidden_before", (1,)),
+    ("hidden_before", (1,)), ("node_layer", (5,)), ("node_layer", (5, True)),
 ]
 """(method, arguments) of every derivation."""
 

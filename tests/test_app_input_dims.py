@@ -52,9 +52,9 @@ def test_the_cli_names_the_inputs_file_beside_the_model(tmp_path, beside):
     r = explain(model)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert "cannot bind dimensions 2 (height), 3 (width)" in r.stderr, r.stderr
-    # the dims its array's shape gives, read from the npz's header (newcomer run: asked for one dim at a time)
-    assert (f"{npz.name} beside the file holds 'pixel_values': --inputs {npz}, or the dims its shapes give: --dim "
-            f"height=4 --dim width=5") in r.stderr, r.stderr
+    # the dims its array's shape gives, read from the npz's header (newcomer run: asked for one dim at a time), first
+    assert (f"error: {model}: --dim height=4 --dim width=5 (from the shapes in {npz.name} beside the file), or "
+            f"--inputs {npz}; input 'pixel_values'") in r.stderr, r.stderr
 
 
 def test_no_file_beside_or_one_without_the_input_names_none(tmp_path):
@@ -69,7 +69,8 @@ def test_no_file_beside_or_one_without_the_input_names_none(tmp_path):
 
 def test_beit_optimum_names_its_npz():
     r = explain(BEIT)
-    assert r.returncode == 2 and "beit.optimum.npz beside the file holds 'pixel_values'" in r.stderr, r.stderr
+    assert r.returncode == 2 and "(from the shapes in beit.optimum.npz beside the file), or --inputs " in r.stderr, \
+        r.stderr
 
 
 def test_parse_dims_reads_pairs_and_refuses_in_app_words():
@@ -89,8 +90,8 @@ def test_the_app_asks_for_the_dims_box_then_loads_with_it(tmp_path, monkeypatch)
     shown = s.model.name
     s.param.update(checkpoint_dir=str(model), source="checkpoint")
     assert s.message_kind == "danger" and "Traceback" not in s.message, s.message
-    assert "cannot bind dimensions 2 (height), 3 (width); set them in the sidebar's Input dims box (height=N " \
-           "width=N)" in s.message, s.message
+    assert f"{model}: set height=N width=N in the sidebar's Input dims box; input 'pixel_values': cannot bind " \
+           "dimensions 2 (height), 3 (width)" in s.message, s.message
     assert "--dim" not in s.message and "--inputs" not in s.message and f"Still showing {shown}" in s.message
     assert "beside the model" not in s.message  # no inputs file beside it
     s.dims = "height=bad"
@@ -158,12 +159,13 @@ def test_the_cli_names_every_unbound_dim_and_the_values_beside_it():
     assert ("input 'pixel_values': cannot bind dimensions 1 (num_channels), 2 (height), 3 (width); pass --dim "
             "num_channels=N --dim height=N --dim width=N (Python: dims={'num_channels': N, 'height': N, 'width': N}) "
             "or the input's array with --inputs") in r.stderr, r.stderr
-    assert "the dims its shapes give: --dim num_channels=3 --dim height=32 --dim width=32" in r.stderr, r.stderr
+    assert ": --dim num_channels=3 --dim height=32 --dim width=32 (from the shapes in deit.optimum.npz beside the " \
+           "file), or --inputs " in r.stderr, r.stderr
     r = explain(QWEN_KV)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
-    assert ("input 'attention_mask': dimension 1 (past + 1) needs 'past'; pass --dim past=N (Python: dims={'past': "
-            "N}) or the inputs with --inputs; qwen2.kv.npz beside the file holds 'attention_mask'") in r.stderr
-    assert r.stderr.rstrip().endswith("or the dims its shapes give: --dim past=7"), r.stderr  # past_key_values' axis 2
+    assert ("qwen2.kv.onnx: --dim past=7 (from the shapes in qwen2.kv.npz beside the file), or --inputs "  # its
+            f"{QWEN_KV.with_suffix('.npz')}; input 'attention_mask': dimension 1 (past + 1) needs 'past'; pass --dim "
+            "past=N (Python: dims={'past': N}) or the inputs with --inputs") in r.stderr, r.stderr  # kv's axis 2
     r = subprocess.run([sys.executable, "-m", "rlxviz.cli", "explain", str(QWEN_KV), "--dim", "past=7"],
                        capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert r.returncode == 0, r.stderr  # the values proposed bind it
@@ -177,9 +179,9 @@ def test_the_app_names_every_unbound_dim_and_the_shapes_beside_the_model(monkeyp
     s = AppState(runner=Runner(background=False), preset="bert-tiny", seq=8)
     s.param.update(checkpoint_dir=str(DEIT), source="checkpoint")
     assert s.message_kind == "danger" and s.model.name == "bert-tiny", s.message
-    assert ("cannot bind dimensions 1 (num_channels), 2 (height), 3 (width); set them in the sidebar's Input dims box "
-            "(num_channels=N height=N width=N); deit.optimum.npz beside the model holds the inputs' shapes: "
-            "num_channels=3 height=32 width=32") in s.message, s.message
+    assert (f"{DEIT}: set num_channels=3 height=32 width=32 in the sidebar's Input dims box (from the shapes in "
+            "deit.optimum.npz beside the model); input 'pixel_values': cannot bind dimensions 1 (num_channels), "
+            "2 (height), 3 (width)") in s.message, s.message
     assert "--dim" not in s.message and "--inputs" not in s.message and "Still showing bert-tiny" in s.message
     s.dims = "num_channels=3 height=32 width=32"
     assert s.model.name == "deit.optimum" and s.message_kind != "danger", s.message
@@ -201,8 +203,8 @@ def test_the_app_says_which_array_beside_the_model_when_its_shapes_give_no_value
     monkeypatch.setenv(ALLOWED_DIRS_ENV, str(folder))
     s = AppState(runner=Runner(background=False), preset="bert-tiny", seq=8)
     s.param.update(checkpoint_dir=str(folder / "m.onnx"), source="checkpoint")
-    assert ("input 'x': dimension 1 (past + 1) needs 'past'; set it in the sidebar's Input dims box (past=N); "
-            "m_io.npz beside the model holds the array of 'x'") in s.message, s.message
+    assert ("m.onnx: set past=N in the sidebar's Input dims box (m_io.npz beside the model holds the array of 'x'); "
+            "input 'x': dimension 1 (past + 1) needs 'past'") in s.message, s.message
     from rlxviz.session import load
 
     with pytest.raises(UnboundDimsError) as e:  # the session's error, as the CLI prints it
@@ -210,7 +212,9 @@ def test_the_app_says_which_array_beside_the_model_when_its_shapes_give_no_value
     assert e.value.names == ("past",) and e.value.beside == "m_io.npz" and e.value.proposed == {}
     back = pickle.loads(pickle.dumps(e.value))  # as `session.isolated` sends it from its child
     assert type(back) is UnboundDimsError and back.__dict__ == e.value.__dict__ and str(back) == str(e.value)
-    assert str(e.value).endswith(f"m_io.npz beside the file holds 'x': --inputs {folder / 'm_io.npz'}"), str(e.value)
+    assert str(e.value).startswith(f"{folder / 'm.onnx'}: --inputs {folder / 'm_io.npz'} (m_io.npz beside the file "
+                                   "holds the array of 'x'); input 'x': dimension 1 (past + 1) needs 'past'; pass "
+                                   "--dim past=N"), str(e.value)
 
 
 MISFIT = "num_channels=3 height=64 width=64"

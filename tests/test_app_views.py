@@ -134,8 +134,9 @@ def test_failed_loads_and_runs_mark_the_panes_stale(monkeypatch):
     views = [GraphCompare(state=s), WhyView(state=s), TimingView(state=s), IRView(state=s)]
     graph, why = views[0], views[1]
 
-    def marked() -> list[bool]:
-        return [v.stale.banner.visible and v.stale.banner.object == md_escape(s.stale) and bool(s.stale) for v in views]
+    def marked() -> list[bool]:  # the banner's line, then the whole message folded where the line cuts it
+        return [v.stale.banner.visible and v.stale.banner.object.startswith(md_escape(s.stale)) and bool(s.stale)
+                and ("<details" in v.stale.banner.object) == bool(s.stale_more) for v in views]
 
     def greyed() -> list[bool]:
         return [p.styles.get("opacity", "1") == "0.45" for v in views for p in v.stale.panes]
@@ -146,6 +147,7 @@ def test_failed_loads_and_runs_mark_the_panes_stale(monkeypatch):
     assert s.message_kind == "danger" and s.model.name == "bert-tiny"
     assert s.stale.startswith("Stale: showing the previous model (bert-tiny)") and all(marked()) and all(greyed())
     assert graph.after.svg and "layer 0" in why.text.object  # still drawn: marked, not cleared
+    assert s.stale_more == s.message.strip() and "\n" in s.stale_more  # the caret's line, in the box's fold
     s.ir_text = good
     assert s.message_kind != "danger" and s.stale == "" and marked() == [False] * 4 and not any(greyed())
 

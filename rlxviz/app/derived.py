@@ -16,7 +16,8 @@ import param
 from .. import session
 from ..ir import Graph, format_graph
 from ..passes import PassStep, Trace
-from ..passes.trace import Rejection, layer_label
+from ..passes.placement import sits
+from ..passes.trace import Layer, Rejection, layer_label, layer_of, own_key
 from ..passes.why.places import Places, own_item, places
 from ..passes.why.verdict import OP_GAP_GROUP, RunVerdict
 from ..session import LayerStatus, SessionError, View, overlays
@@ -362,6 +363,23 @@ class Derived:
         """Layer indices found in the input graph's provenance."""
         g = self.trace.input if self.trace is not None else (self.model.graph if self.model else None)
         return session.model_layers(g) if g is not None else []
+
+    @param.depends(*SHOWN)
+    def node_layer(self, node: int | None, before: bool = False) -> Layer | int | None:
+        """The layer node `node` sits in, as the model's own key (`passes.trace.own_key`), where the node drawer and
+        `explain` say it sits (`placement.sits`; its path's layer before a run): marian.encdec's `node_softmax_3` ->
+        `decoder layer 0`. `before`: clicked in the before pane (the version before the step shown); a node that
+        version lacks is looked for in every version. None for no node, one no version holds, or one of no layer
+        (embeddings, a final norm)."""
+        if node is None:
+            return None
+        g = self.previous_graph if before else self.current_graph
+        if (g is None or node not in g) and self.trace is not None:
+            g = next((v for _, v in self.trace.versions() if node in v), None)
+        if g is None or node not in g:
+            return None
+        layer = sits(self.trace, g[node])[0] if self.trace is not None else layer_of(g[node].path)
+        return own_key(self.layers(), layer) if layer is not None else None
 
     def layer_options(self) -> dict[str, int | None]:
         """A layer picker's options: `choose` (None), then each layer under its label (`layer 3`; `encoder layer 0`

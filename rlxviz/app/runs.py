@@ -43,6 +43,7 @@ from .wording import (
     VARIANT_LABELS,
     dims_notes,
     explain_error,
+    stale_more,
     stale_why,
     upload_model_name,
     upload_names,
@@ -322,7 +323,7 @@ class Runs:
                 s.stale = self._stale_reason(self._stale_why, refused=True)
             return
         self._stale_why = stale_why(s.message)
-        s.stale = self._stale_reason(self._stale_why)
+        s.param.update(stale=self._stale_reason(self._stale_why), stale_more=stale_more(s.message))
 
     def _asked_onnx(self) -> bool:
         """The path or upload asked for is an ONNX file (not a config.json + model.safetensors checkpoint)."""
@@ -400,7 +401,8 @@ class Runs:
             self._bound_variant_layer(model)
         s.param.version.bounds = (0, max(len(labels) - 1, 0))
         try:
-            s.param.update(**new, trace=trace, version=max(version, 0), highlight=[], stale="", **NO_TIMING)
+            s.param.update(**new, trace=trace, version=max(version, 0), highlight=[], stale="", stale_more="",
+                           **NO_TIMING)
         except Exception:
             self._put_back_shown()
             raise

@@ -148,6 +148,8 @@ class AppState(Derived, PipelineEdits, param.Parameterized):
     message = param.String("", doc="The last error or notice, in plain words with what to do.")
     stale = param.String("", doc="Why the panes show an older model or run than the controls ask for (the last load "
                                  "or pipeline run failed), in plain words; '' when they show what was asked.")
+    stale_more = param.String("", doc="The whole message of the failure `stale` names where `stale` cuts it "
+                                      "(`wording.stale_more`), for the stale box to unfold; '' else.")
     message_kind = param.Selector(objects=["info", "success", "warning", "danger"], default="info")
     busy = param.Boolean(False, doc="A job is running.")
     timing_running = param.Boolean(False, doc="A timing run is under way: the Timing tab's figures are the previous "
@@ -453,6 +455,15 @@ class AppState(Derived, PipelineEdits, param.Parameterized):
         input graph drawn before the passes: the run follows)."""
         if not self.input_first:
             self.measure_overlay()
+
+    @param.depends("selected_node", watch=True)
+    def _node_layer(self) -> None:
+        """A click on a node selects its layer (`node_layer`), as a click on a layer box does (`toggle_layer`): the
+        Why tab and the focus view show the layer the drawer names (marian.encdec's decoder cross-attention softmax
+        opened the Why tab on encoder layer 0). A node of no layer leaves the selected layer as it was."""
+        layer = self.node_layer(self.selected_node, self.selected_before)
+        if layer is not None:
+            self.selected_layer = layer
 
     @param.depends("trace", watch=True)
     def _own_layer_key(self) -> None:

@@ -263,11 +263,15 @@ class WhyView(Viewer):
             self.state.selected_layer = event.new
 
     def _default_layer(self) -> int | None:
-        """The layer the tab opens on: a teaching variant's layer (`AppState.variant_layer`; one meant to keep the
-        fusion opened on layer 0, not the layer it changed), else the first that did not fuse as expected, else
-        the first (an uploaded model opened on "Pick a layer" with nothing picked, while `rlxviz explain` answers
-        at once)."""
+        """The layer the tab opens on: the selected node's (`AppState.node_layer`: the node clicked before the tab
+        was first shown, or still selected on a new run of its model; marian.encdec's decoder cross-attention
+        softmax opened it on encoder layer 0), else a teaching variant's layer (`AppState.variant_layer`; one meant
+        to keep the fusion opened on layer 0, not the layer it changed), else the first that did not fuse as
+        expected, else the first (an uploaded model opened on "Pick a layer" with nothing picked, while `rlxviz
+        explain` answers at once)."""
         s = self.state
+        if (mine := s.node_layer(s.selected_node, s.selected_before)) is not None and mine in s.layers():
+            return mine
         if s.variant not in ("none", SHAPE_VARIANT) and s.variant_layer in s.layers():
             return s.variant_layer
         for i in s.layers():

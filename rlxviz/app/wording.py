@@ -11,7 +11,15 @@ from pathlib import PureWindowsPath
 from .. import session
 from ..ir import GraphError, IRSyntaxError, quote_place, syntax_error_line
 from ..models import VARIANTS
-from ..session import OVER_THRESHOLD, DimsMisfitError, GraphTextError, InputDimsError, SessionError, UnboundDimsError
+from ..session import (
+    OVER_THRESHOLD,
+    DimsMisfitError,
+    DimsWords,
+    GraphTextError,
+    InputDimsError,
+    SessionError,
+    UnboundDimsError,
+)
 from .sources import ONNX_UPLOAD_NAME, UPLOAD_PREFIX, SourceError, parse_dims
 from .text import md_escape
 
@@ -126,20 +134,16 @@ DIMS_BOX = "Input dims"
 """The sidebar box that binds an `.onnx` export's other symbolic dims (`AppState.dims`), as the CLI's `--dim`."""
 
 
+APP_DIMS = DimsWords(bind=f"set {{pairs}} in the sidebar's {DIMS_BOX} box", pair="{name}={value}", beside="the model")
+"""The app's words for an `.onnx` file's unbound dims (`UnboundDimsError.said_as`, the CLI's message laid out alike):
+`M: set past=7 in the sidebar's Input dims box (from the shapes in qwen2.kv.npz beside the model); input ...`."""
+
+
 def app_remedy(e: UnboundDimsError) -> str:
-    """The session's message for an `.onnx` file's unbound dims with the app's remedy instead of the CLI's (`--dim`,
-    `--inputs`): every name for the sidebar's Input dims box at once, then the inputs file beside the model and the
-    values its array shapes give (`deit.optimum.npz beside the model holds the inputs' shapes: num_channels=3
-    height=32 width=32`), or that it holds the first unbound input's array."""
-    them = "it" if len(e.names) == 1 else "them"
-    text = (f"{e.model}: {e.what}; set {them} in the sidebar's {DIMS_BOX} box "
-            f"({' '.join(f'{n}=N' for n in e.names)})")
-    if e.beside and e.proposed:
-        text += (f"; {e.beside} beside the model holds the inputs' shapes: "
-                 f"{' '.join(f'{k}={v}' for k, v in e.proposed.items())}")
-    elif e.beside:
-        text += f"; {e.beside} beside the model holds the array of {e.input!r}"
-    return text
+    """The session's message for an `.onnx` file's unbound dims in the app's words (`APP_DIMS`), the values to type
+    in the sidebar's Input dims box first (the stale box cuts the line: qwen2.kv's `past=7` was past the cut), with
+    the values the inputs file beside the model gives (`N` for one it does not), then the places."""
+    return e.said_as(APP_DIMS)
 
 
 def misfit_remedy(e: DimsMisfitError) -> str:
@@ -233,5 +237,13 @@ def stale_why(message: str) -> str:
     return line if line.endswith((".", "!", "?", "…")) else line + "."
 
 
-__all__ = ["SHAPE_BOXES", "STALE_WHY_CHARS", "dims_notes", "dims_refused", "explain_error", "hide_server_paths",
-           "md_lines", "scrub_paths", "stale_why", "timing_hint"]
+def stale_more(message: str) -> str:
+    """A failure's whole message where `stale_why` cuts any of it (a line past `STALE_WHY_CHARS`, lines after the
+    first), for the stale box to unfold (`stale.StaleMark`): the banner may be dismissed, the stale box stays; ''
+    where the stale box says it whole."""
+    whole = message.strip()
+    return whole if stale_why(whole) not in (whole, whole + ".") else ""
+
+
+__all__ = ["APP_DIMS", "SHAPE_BOXES", "STALE_WHY_CHARS", "dims_notes", "dims_refused", "explain_error",
+           "hide_server_paths", "md_lines", "scrub_paths", "stale_more", "stale_why", "timing_hint"]

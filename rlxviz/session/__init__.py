@@ -37,7 +37,9 @@ from ..passes.architecture import classify_layer as classify
 from .defaults import DEFAULT_BATCH, DEFAULT_REPEAT, DEFAULT_SEQ, DEFAULT_WARMUP, MAX_REPEAT, MAX_WARMUP, check_rounds
 from .dimroles import check_dims, dims_overrides, override_notes
 from .errors import (
+    CLI_DIMS,
     DimsMisfitError,
+    DimsWords,
     GraphTextError,
     InputDimsError,
     LimitError,
@@ -130,7 +132,8 @@ __all__ = ["ModelText", "shown", "imported_forms", "describe_host", "host_words"
            "DEFAULT_BATCH", "DEFAULT_MAX_MEMORY_MB", "DEFAULT_REPEAT", "DEFAULT_SEQ", "DEFAULT_WARMUP",
            "DEPRECATED_MEMORY_ENV", "MAX_MEMORY_ENV", "MAX_REPEAT", "MAX_WARMUP", "check_rounds",
            "MODEL_WIDE", "OVER_THRESHOLD", "RLX_THRESHOLD", "gate_note", "variant_note",
-           "Architecture", "DimsMisfitError", "FusionCheck", "GraphTextError", "InputDimsError",
+           "Architecture", "CLI_DIMS", "DimsMisfitError", "DimsWords", "FusionCheck", "GraphTextError",
+           "InputDimsError",
            "LayerStatus", "LimitError", "Limits",
            "PipelineError",
            "SessionError", "StoppedError", "UnboundDimsError", "VariantLayerError", "load_isolated", "run_isolated",

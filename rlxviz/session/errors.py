@@ -6,6 +6,8 @@ notebook cell raises it.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 
 class SessionError(ValueError):
     """A user error with a one-line message (unknown model, bad IR text, unknown pass, bad layer, ...)."""
@@ -35,9 +37,39 @@ class GraphTextError(SessionError):
         self.line, self.col, self.reason = line, col, reason or message
 
 
+@dataclass(frozen=True)
+class DimsWords:
+    """How a front end tells its user to bind an `.onnx` file's unbound dims (`UnboundDimsError.said_as`): the CLI's
+    `--dim` and `--inputs` options (`CLI_DIMS`), or the app's Input dims box (`app.wording.APP_DIMS`).
+
+    Attributes:
+        bind: the dims to type, `{pairs}` in words (`set {pairs} in the sidebar's Input dims box`).
+        pair: one dim as typed, `{name}` and `{value}` (`--dim {name}={value}`); a value no file gives is `N`.
+        beside: what the inputs file lies beside (`the file`, `the model`).
+        inputs: the option that reads that file's arrays, `{path}` (`--inputs {path}`); '' where there is none.
+        own_hint: the message goes on with the importer's whole line, its own remedy in it (`pass --dim past=N
+            (Python: dims={'past': N})`), so the lead is said only for what that lacks (a value, the file); else
+            with the places alone (`what`), after a lead always said.
+    """
+
+    bind: str
+    pair: str
+    beside: str
+    inputs: str = ""
+    own_hint: bool = False
+
+
+CLI_DIMS = DimsWords(bind="{pairs}", pair="--dim {name}={value}", beside="the file", inputs="--inputs {path}",
+                     own_hint=True)
+"""The CLI's and the Python API's words: `--dim past=7 (from the shapes in qwen2.kv.npz beside the file), or --inputs
+F.npz; input 'attention_mask': dimension 1 (past + 1) needs 'past'; pass --dim past=N (Python: ...)`."""
+
+
 class UnboundDimsError(SessionError):
-    """An `.onnx` file's symbolic dims that nothing binds (`models.onnx.dims.DimError`), every one of them, as the CLI
-    says it (`--dim NAME=N`, the inputs file beside the model), with the parts a front end with its own remedy needs.
+    """An `.onnx` file's symbolic dims that nothing binds (`models.onnx.dims.DimError`), every one of them, said value
+    first (`said_as`): the dims to type, with the values the inputs file beside the model gives, then where they are
+    needed, so a front end that cuts the line (the app's stale box) still says what to type (qwen2.kv's `past=7` came
+    after 190 characters, past the cut). The message is `said_as(CLI_DIMS)`; the app says it with its Input dims box.
 
     Attributes:
         model: the model as asked for (a path).
@@ -47,16 +79,36 @@ class UnboundDimsError(SessionError):
         beside: the file name (no folder) of the `.npz` beside the model that holds `input`'s array, or ''.
         proposed: name -> value, read from that file's array shapes (its headers), for each of `names` it gives
             (empty without such a file).
+        said: the importer's whole line, its remedy in the CLI's words (`pass --dim past=N (Python: ...)`).
+        path: that `.npz` file's path, as `--inputs` takes it ('' without one).
 
     Every argument but the message has a default: the error pickles (`session.isolated` sends it back from its
     child) by its message, and its attributes follow.
     """
 
     def __init__(self, message: str, model: str = "", what: str = "", names: tuple[str, ...] = (), input: str = "",
-                 beside: str = "", proposed: dict[str, int] | None = None) -> None:
+                 beside: str = "", proposed: dict[str, int] | None = None, said: str = "", path: str = "") -> None:
         super().__init__(message)
         self.model, self.what, self.names, self.input = model, what or message, tuple(names), input
-        self.beside, self.proposed = beside, dict(proposed or {})
+        self.beside, self.proposed, self.said, self.path = beside, dict(proposed or {}), said or message, path
+
+    def said_as(self, words: DimsWords) -> str:
+        """The message in a front end's `words`, the dims to type first: `M: set past=7 in the sidebar's Input dims
+        box (from the shapes in qwen2.kv.npz beside the model); input 'attention_mask': dimension 1 (past + 1) needs
+        'past'`; with no value known, `N` stands for it; without such a file, `--dim` is the importer's own line's."""
+        given = " ".join(words.pair.format(name=n, value=self.proposed.get(n, "N")) for n in self.names)
+        source = ""
+        if self.beside:
+            source = (f" (from the shapes in {self.beside} beside {words.beside})" if self.proposed else
+                      f" ({self.beside} beside {words.beside} holds the array of {self.input!r})")
+        lead = words.bind.format(pairs=given) if self.proposed or not words.own_hint else ""
+        if words.inputs and self.path:
+            more = words.inputs.format(path=self.path)
+            lead = f"{lead}{source}, or {more}" if self.proposed else f"{more}{source}"
+        elif lead:
+            lead += source
+        body = self.said if words.own_hint else self.what
+        return f"{self.model}: {lead}; {body}" if lead else f"{self.model}: {body}"
 
 
 class DimsMisfitError(SessionError):
@@ -133,5 +185,5 @@ class PipelineError(SessionError):
     """A pipeline that cannot be built: an unknown pass, an empty list, or a pass whose required pass is missing."""
 
 
-__all__ = ["DimsMisfitError", "GraphTextError", "InputDimsError", "LimitError", "PipelineError", "SessionError",
-           "StoppedError", "UnboundDimsError", "VariantLayerError"]
+__all__ = ["CLI_DIMS", "DimsMisfitError", "DimsWords", "GraphTextError", "InputDimsError", "LimitError",
+           "PipelineError", "SessionError", "StoppedError", "UnboundDimsError", "VariantLayerError"]

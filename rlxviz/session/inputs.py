@@ -19,7 +19,7 @@ from ..runtime.battery import (
     load_inputs,
     npz_headers,
 )
-from .errors import SessionError, UnboundDimsError
+from .errors import CLI_DIMS, SessionError, UnboundDimsError
 
 SHAPE_ARRAYS = (("input_ids", 2), ("hidden_states", 3))
 """The arrays whose shape gives a built graph's batch and sequence length (`shape_from_inputs`), with their rank:
@@ -72,11 +72,12 @@ def inputs_beside(model_file: Path, input_name: str) -> Path | None:
 
 
 def unbound_dims(model: str, model_file: Path, e: DimError) -> SessionError:
-    """`e` as the session says it: the dims nothing binds and how to bind them, then the inputs file beside the model
-    that holds the first unbound input's array (`inputs_beside`) with the values its array shapes give each name
-    (read from the npz's headers: `... holds 'pixel_values': --inputs F.npz, or the dims its shapes give: --dim
-    num_channels=3 --dim height=32 --dim width=32`). An `UnboundDimsError` when `e` names dims (its parts for a
-    front end's own remedy: the app's Input dims box), else a plain SessionError. Raises nothing."""
+    """`e` as the session says it: the dims nothing binds and how to bind them, value first (`UnboundDimsError.said_as`
+    in `CLI_DIMS`), with the inputs file beside the model that holds the first unbound input's array
+    (`inputs_beside`) and the values its array shapes give each name (read from the npz's headers: `M: --dim
+    num_channels=3 --dim height=32 --dim width=32 (from the shapes in F.npz beside the file), or --inputs F.npz;
+    input 'pixel_values': ...`). An `UnboundDimsError` when `e` names dims (its parts for a front end's own words:
+    the app's Input dims box), else a plain SessionError. Raises nothing."""
     beside = inputs_beside(model_file, e.input) if e.input else None
     said = next(iter(str(e).splitlines()), "")
     if not e.names:
@@ -89,13 +90,9 @@ def unbound_dims(model: str, model_file: Path, e: DimError) -> SessionError:
             inp, axis = e.where.get(name, ("", -1))
             if inp in shapes and 0 <= axis < len(shapes[inp]) and shapes[inp][axis] > 0:
                 proposed[name] = int(shapes[inp][axis])
-    hint = ""
-    if beside is not None:
-        hint = f"; {beside.name} beside the file holds {e.input!r}: --inputs {beside}"
-        if proposed:
-            hint += ", or the dims its shapes give: " + " ".join(f"--dim {k}={v}" for k, v in proposed.items())
-    return UnboundDimsError(f"{model}: {said}{hint}", model, e.what, e.names, e.input, beside.name if beside else "",
-                            proposed)
+    parts = {"model": model, "what": e.what, "names": e.names, "input": e.input, "proposed": proposed, "said": said,
+             "beside": beside.name if beside else "", "path": str(beside) if beside else ""}
+    return UnboundDimsError(UnboundDimsError("", **parts).said_as(CLI_DIMS), **parts)
 
 
 def feeds_kind(model: Model, text: str = "") -> tuple[str, str]:
