@@ -149,9 +149,10 @@ export function render({ model, el }) {
   // next picture of the same scope is centred on that node again. The before pane's new picture (layer 1 opened by the
   // after pane's Enter) kept the view centred on the old picture's layer box: a white patch of the new one
   let led = null;
-  const follow = (kept) => { if (!led || reveal) return; const d = led, at = lead(d);
+  // (a new scope's picture is fitted: `rescope`)
+  const follow = () => { if (!led || reveal) return; const d = led, at = lead(d);
     if (at && !inView(at.g)) { centreIn(at.g, d); touched = true; aimed = at.key; apply(false); }
-    else if (!at && kept) fit();
+    else if (!at) fit();
     led = d; };
   const onBus = (e) => { const d = e.detail; if (!model.sync || d.group !== model.sync || d.src === me) return;
     led = null; if (d.fit) { fit(); return; }
@@ -396,7 +397,7 @@ export function render({ model, el }) {
     mark(!keep); hits = []; if (search.value) find('again');
     const h = hits[hit]; if (keep && !reveal && aimed && h && !inView(h.g)) { center(h.g, false); aimed = h.key; }
     // the partner's centred node, still followed: centred again in this picture where it stands here, else fitted
-    else if (!(h && aimed)) follow(keep);
+    else if (keep && !(h && aimed)) follow();
     title.textContent = title.title = model.title || '';
     if (reveal) { const g = inner.querySelector(`g#${CSS.escape(reveal)}`); const ids = revealIds; reveal = null; revealIds = [];
       const node = ids.map((i) => inner.querySelector(`g#n${i}`)).find((x) => x);
@@ -419,8 +420,7 @@ export function render({ model, el }) {
   // at a time, svg first, so `setSvg` saw the old scope and kept the last model's zoom (an empty view)
   const rescope = () => { if (model.scope === scope) return; if (otherModel(scope, model.scope)) led = null;
     staleMarks = scope !== null; rebase(scope); scope = model.scope;
-    if (inner.querySelector('svg')) { fit(); mark(false); if (search.value) find('again'); follow(false); }
-    else touched = false; };
+    if (inner.querySelector('svg')) { fit(); mark(false); if (search.value) find('again'); } else touched = false; };
   model.on('svg', setSvg); model.on('scope', rescope);
   // another model's index can arrive after its picture (setSvg searched the new picture with the old index: a
   // kept "softmax" read "no match" on minilm until retyped): search again with it
