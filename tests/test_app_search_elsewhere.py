@@ -9,7 +9,10 @@
    node, one it replaced, or the box holding it), in each new picture too, else it is fitted (`onBus`, `follow`).
 """
 
+import json
 import re
+import shutil
+import subprocess
 
 from rlxviz.app.graphpane import _ESM, absent_index, absent_note, node_spans
 from rlxviz.app.jobs import Runner
@@ -46,9 +49,26 @@ def test_the_search_note_says_which_version_holds_an_id_it_cannot_find():
     assert absent_note(f" %{later} ", at0) == f'%{later} is not in this version (it exists from "{label}" on)'
     assert absent_note("%999999", at0) == ""  # no version has it: the counter's `no match` says it all
     assert absent_note("softmax", at0) == ""  # a term is no id
-    # the browser says the same, in the note line under the bar, beside the counter's `no match`
+    # the browser shows it in the note line under the bar, beside the counter's `no match`, and reads a late index
     assert "found.textContent = 'no match'; const away = absentNote(q);" in _ESM
-    assert "`${q} is not in this version (${where})`" in _ESM and "model.on('absent', research)" in _ESM
+    assert "model.on('absent', research)" in _ESM
+
+
+def test_the_browsers_note_is_the_same():
+    """The ESM's `absentNote`, as written, run under node on the queries `find` hands it (trimmed, lower case)."""
+    node = shutil.which("node")
+    assert node, "node is needed to run the pane's script"
+    s = _state()
+    at0 = absent_index(s.trace, 0)
+    later = next(i for i, (a, _) in node_spans(s.trace).items() if a > 0)
+    queries = [f"%{later}", "%999999", "softmax", f"%{later}x", f"{later}"]
+    body = re.findall(r"\n  (const absentNote = .*?\};)\n", _ESM, re.S)
+    assert len(body) == 1, body
+    script = (f"const model = {{ absent: {json.dumps(at0)} }};\n{body[0]}\n"
+              f"console.log(JSON.stringify({json.dumps(queries)}.map((q) => absentNote(q))));")
+    out = subprocess.run([node, "-e", script], capture_output=True, text=True, check=True, timeout=60).stdout
+    assert json.loads(out) == [absent_note(q, at0) for q in queries]
+    assert json.loads(out)[0].startswith(f"%{later} is not in this version (it exists from ")
 
 
 def test_each_pane_is_told_where_the_ids_it_lacks_are():

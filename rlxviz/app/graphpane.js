@@ -136,8 +136,8 @@ export function render({ model, el }) {
     return g ? { key, g } : null; };
   // The partner centred node `d.node`: this pane centres what stands for it here (a softmax found before fuse_sdpa:
   // the attention that absorbed it, which this pane's search counter then shows when it is one of its hits), else
-  // its own search hit, else (a node it has no counterpart of) it is fitted; a pan or zoom it follows. It followed the frame alone: the after pane's hit, named by its
-  // note, sat off the pane's edge
+  // its own search hit, else (a node it has no counterpart of) it is fitted; a pan or zoom it follows. It followed
+  // the frame alone: the after pane's hit, named by its note, sat off the pane's edge
   // what stands here for the node the partner centred (`d`, a bus detail): for the node itself, else for one it replaced
   const lead = (d) => standsFor(Number(d.node.slice(1))) || (d.held || []).map((i) => standsFor(i)).find((x) => x) || null;
   // centre `g` in the partner's frame `d` (its zoom), keeping the difference as `off`
