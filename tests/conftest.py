@@ -124,8 +124,10 @@ on one worker (its module fixtures, the server and the browser, start once) besi
 one test at a time and 145 s two files at a time (2-core Xeon, 2026-12-06). A browser file that times goes
 nowhere here: it stays in the serial run. So does test_browser_zoom_search.py, which times nothing: in the shared
 run two of its tests failed in 3 of 4 full runs on 2026-12-06 (a model switch or a path load after ② left the panes
-centred at 0.9 zoom, the same transforms each time), never alone, as a file, or beside two CPU burners: a race in
-the graph pane's zoom that depends on what runs beside it, still to be found."""
+centred at 0.9 zoom, the same transforms each time), never alone, as a file, or beside two CPU burners. Found
+(2026-12-07, beside two burners: the path load in 2 of 7 runs, two more tests once each): the tests read the panes
+before the new model's pictures arrived (the version list and the message come first), so ②'s or MiniLM's views
+were read, or a `%id` typed was cleared by the late scope; they now wait for the new pictures."""
 
 SHARED_BROWSER_TESTS: dict[str, tuple[str, ...]] = {
     "test_browser_app.py": (

@@ -61,3 +61,41 @@ def test_enter_on_a_hit_in_a_big_folded_layer_draws_and_centres_it(browser, serv
         assert _centred(pg, ".rv-after", key)
         expect(pg.locator(".rv-graph-note")).not_to_contain_text("Not shown")
         expect(pg.locator(".rv-after .rv-caption, .rv-after .rv-title").first).to_be_visible()
+
+
+def _nodes_in_view(pg, pane: str) -> int:
+    return pg.locator(f"{pane} .rv-wrap").evaluate("""(w) => { const r = w.getBoundingClientRect(); let k = 0;
+      for (const g of w.querySelectorAll('.rv-inner g.node')) { const b = g.getBoundingClientRect();
+        if (b.right > r.left && b.left < r.right && b.bottom > r.top && b.top < r.bottom) k++; } return k; }""")
+
+
+def test_the_linked_before_pane_shows_the_layer_a_hit_opens(browser, server):
+    """Newcomer run: ernie.qdq's last version (986 ops, layer boxes), `node_softmax_1`, Enter: the after pane drew
+    layer 1 alone and centred softmax %1871, but the before pane, its caption naming layer 1 drawn alone too, was
+    empty white: its new picture kept the view centred on the old picture's layer-1 box. It now centres the node
+    again in the new picture (graphpane.js `follow`)."""
+    with watched_page(browser, server[0], 1600, 1000) as pg:
+        idle(pg)
+        open_sidebar(pg)
+        pg.get_by_role("button", name="Folder").click()
+        pg.locator(".rv-path input").fill(str(ZOO / "ernie.qdq.onnx"))
+        pg.get_by_role("button", name="Load path").click()
+        expect(pg.locator(".rv-message")).to_contain_text("quantized", timeout=3 * WAIT_MS)
+        idle(pg)
+        sel = pg.locator(".rv-version select")
+        sel.select_option(value=sel.locator("option").last.get_attribute("value"))
+        idle(pg)
+        expect(pg.locator(".rv-before g.node").first).to_be_attached()
+        box, found = pg.locator(".rv-after .rv-search"), pg.locator(".rv-after .rv-found")
+        box.fill("node_softmax_1")
+        expect(found).to_have_text("1/1")
+        box.press("Enter")
+        key = found.get_attribute("data-hit")
+        for pane in (".rv-after", ".rv-before"):  # the layer drawn alone in both panes, the node in each
+            pg.locator(f"{pane} .rv-inner g#{key}").wait_for(timeout=3 * WAIT_MS)
+        idle(pg)
+        pg.wait_for_timeout(500)
+        assert _centred(pg, ".rv-after", key)
+        assert _nodes_in_view(pg, ".rv-before") > 0, pg.locator(".rv-before .rv-inner").evaluate(
+            "el => el.style.transform")
+        assert _centred(pg, ".rv-before", key)

@@ -121,7 +121,10 @@ export function render({ model, el }) {
   const apply = (share, node) => { setW = wrap.clientWidth; setH = wrap.clientHeight;
     inner.style.transform = `translate(${tx}px, ${ty}px) scale(${s})`; miniSync();
     if (share && model.sync) window.dispatchEvent(new CustomEvent(BUS, { detail: { group: model.sync, src: me, s,
-      tx: tx - offX * s, ty: ty - offY * s, node: node || null } })); };
+      tx: tx - offX * s, ty: ty - offY * s, node: node || null, held: node ? held(node) : [] } })); };
+  // the ids node `key` of this picture replaced, at any depth (`model.absorbed`): the partner's counterparts of it (a
+  // QDQ model's softmax %1871, made by a later pass, stands for the softmax it replaced in the version before)
+  const held = (key) => [...new Set(((model.absorbed || {})[key] || []).flatMap((r) => r[1]))];
   // The drawn element that stands for node `id` of the partner's picture: the node, else the fused node that
   // absorbed it (`model.absorbed`), else the folded layer box holding either; with the key of the node it shows
   const standsFor = (id) => { let key = `n${id}`, g = inner.querySelector(`g#${key}`);
@@ -133,20 +136,37 @@ export function render({ model, el }) {
     return g ? { key, g } : null; };
   // The partner centred node `d.node`: this pane centres what stands for it here (a softmax found before fuse_sdpa:
   // the attention that absorbed it, which this pane's search counter then shows when it is one of its hits), else
-  // its own search hit, else it follows the frame. It followed the frame alone: the after pane's hit, named by its
-  // note, sat off the pane's edge
+  // its own search hit, else (a node it has no counterpart of) it is fitted; a pan or zoom it follows. It followed
+  // the frame alone: the after pane's hit, named by its note, sat off the pane's edge
+  // what stands here for the node the partner centred (`d`, a bus detail): for the node itself, else for one it replaced
+  const lead = (d) => standsFor(Number(d.node.slice(1))) || (d.held || []).map((i) => standsFor(i)).find((x) => x) || null;
+  // centre `g` in the partner's frame `d` (its zoom), keeping the difference as `off`
+  const centreIn = (g, d) => { const ir = inner.getBoundingClientRect(), gr = g.getBoundingClientRect();
+    const px = (gr.left + gr.width / 2 - ir.left) / s, py = (gr.top + gr.height / 2 - ir.top) / s;
+    s = d.s; tx = seenW() / 2 - px * s; ty = wrap.clientHeight / 2 - py * s;
+    offX = (tx - d.tx) / s; offY = (ty - d.ty) / s; };
+  // `led`: the partner's centring of a node (its bus detail) this view still follows (no pan, zoom or fit since): the
+  // next picture of the same scope is centred on that node again. The before pane's new picture (layer 1 opened by the
+  // after pane's Enter) kept the view centred on the old picture's layer box: a white patch of the new one
+  let led = null;
+  // (a new scope's picture is fitted: `rescope`)
+  const follow = () => { if (!led || reveal) return; const d = led, at = lead(d);
+    if (at && !inView(at.g)) { centreIn(at.g, d); touched = true; aimed = at.key; apply(false); }
+    else if (!at) fit();
+    led = d; };
   const onBus = (e) => { const d = e.detail; if (!model.sync || d.group !== model.sync || d.src === me) return;
-    if (d.fit) { fit(); return; }
-    const at = d.node ? standsFor(Number(d.node.slice(1))) : null;
+    led = null; if (d.fit) { fit(); return; }
+    const at = d.node ? lead(d) : null;
     if (at) { const k = hits.findIndex((h) => h.key === at.key);
       if (k >= 0) { shown = true; if (k !== hit) { hit = k; last = at.key; found.dataset.hit = at.key; counted(); } } }
     const g = at ? at.g : (d.node && hits.length && hits[hit] ? hits[hit].g : null);
-    if (g) { const ir = inner.getBoundingClientRect(), gr = g.getBoundingClientRect();
-      const px = (gr.left + gr.width / 2 - ir.left) / s, py = (gr.top + gr.height / 2 - ir.top) / s;
-      s = d.s; tx = seenW() / 2 - px * s; ty = wrap.clientHeight / 2 - py * s;
-      offX = (tx - d.tx) / s; offY = (ty - d.ty) / s; }
+    if (g) centreIn(g, d);
+    // a node centred there that this picture neither has nor replaced, and no hit of its own: the partner's frame is
+    // in the partner's picture's coordinates, so this picture is fitted. Taking it left the before pane empty white
+    // (ernie.qdq's last version, `node_softmax_1`: the after pane's layer 1 centred on its new softmax %1871)
+    else if (d.node) { fit(); led = d; return; }
     else { s = d.s; tx = d.tx + offX * s; ty = d.ty + offY * s; }
-    touched = true; aimed = at ? at.key : null; apply(false); };
+    touched = true; aimed = at ? at.key : null; led = d.node ? d : null; apply(false); };
   window.addEventListener(BUS, onBus);
   // The pane changed size (the row took the before pane beside it, the search's note took a line): a view the user or
   // a search set keeps its centre, a fitted one is fitted again. It kept its top left corner: a hit centred in the
@@ -173,14 +193,14 @@ export function render({ model, el }) {
     if (!s) { s = Math.min(W / sz[0], 0.8); tx = (W - sz[0] * s) / 2; ty = T + FIT_PAD; }
     else { tx = (W - sz[0] * s) / 2; ty = T + FIT_PAD + Math.max(0, (H - sz[1] * s) / 2); }
     offX = 0; offY = 0; touched = false; aimed = null; apply(false); };
-  const moved = () => { touched = true; aimed = null; apply(true); };
+  const moved = () => { touched = true; aimed = null; led = null; apply(true); };
   const zoomAt = (f, cx, cy) => { const ns = Math.min(Math.max(s * f, 0.02), 8); tx = cx - (cx - tx) * ns / s;
     ty = cy - (cy - ty) * ns / s; s = ns; moved(); };
   mk('+', 'zoom in', () => zoomAt(1.25, wrap.clientWidth / 2, wrap.clientHeight / 2), 'rv-zoom-in');
   mk('−', 'zoom out', () => zoomAt(0.8, wrap.clientWidth / 2, wrap.clientHeight / 2), 'rv-zoom-out');
   // "fit" fits every linked pane, each to its own picture: it sent this pane's frame, which the partner took with its
   // own offset (kept from a search's centring), so its picture, of another size, was cut at the pane's right edge
-  mk('fit', 'fit the whole graph', () => { fit();
+  mk('fit', 'fit the whole graph', () => { led = null; fit();
     if (model.sync) window.dispatchEvent(new CustomEvent(BUS, { detail: { group: model.sync, src: me, fit: true } })); },
   'rv-fit');
   mk('1:1', 'actual size', () => { s = 1; tx = 8; ty = 8; moved(); }, 'rv-one');
@@ -285,6 +305,8 @@ export function render({ model, el }) {
   // version 26's drew its own hit 900 px above the pane, and the counter named that one
   const inView = (g) => { const wr = wrap.getBoundingClientRect(), gr = g.getBoundingClientRect();
     return gr.left >= wr.left && gr.right <= wr.left + seenW() && gr.top >= wr.top && gr.bottom <= wr.bottom; };
+  const absentNote = (q) => { const id = /^%(\d+)$/.exec(q), where = id && (model.absent || {})[`n${id[1]}`];
+    return where ? `${q} is not in this version (${where})` : ''; };
   const counted = () => { const n = hits[hit].note || ''; found.textContent = `${hit + 1}/${hits.length}`;
     foundNote.textContent = n; foundNote.style.display = n ? 'block' : 'none'; };
   // the note is a line of its own between the bar and the picture, shown while it says something (in the bar it
@@ -338,7 +360,10 @@ export function render({ model, el }) {
       if (hit < 0) { hit = 0; shown = false; } }
     lastQ = q;
     hits.forEach((h) => h.g.classList.add('rv-found-node'));
-    if (!hits.length) { last = null; shown = false; found.textContent = 'no match'; return; }
+    // a `%id` of another version of the run says where it is (`absent_note`): the CLI and the Why tab name ids of any
+    // version, and `%324` on version 0 read only "no match"
+    if (!hits.length) { last = null; shown = false; found.textContent = 'no match'; const away = absentNote(q);
+      foundNote.textContent = away; foundNote.style.display = away ? 'block' : 'none'; return; }
     found.classList.add('rv-hits');  // the mark's swatch before the count: the search's legend
     if (step && shown) hit = (hit + 1) % hits.length;
     const h = hits[hit]; last = h.key; found.dataset.hit = h.key; counted();  // data-hit: the node shown
@@ -359,7 +384,8 @@ export function render({ model, el }) {
   search.addEventListener('keydown', (e) => { e.stopPropagation(); if (e.key === 'Enter') find('step'); });
   let reveal = null, revealIds = [];
   // no scope ('') is no promise that the next picture is the same graph's: it is fitted
-  const setSvg = () => { const had = inner.querySelector('svg'); const same = had && !!model.scope && scope === model.scope;
+  const setSvg = () => { if (otherModel(scope, model.scope)) led = null;  // another model's ids
+    const had = inner.querySelector('svg'); const same = had && !!model.scope && scope === model.scope;
     if (scope !== null && scope !== model.scope) staleMarks = true;  // another model's: its marks are stale
     rebase(scope); inner.innerHTML = model.svg || ''; scope = model.scope;
     const svg = inner.querySelector('svg');
@@ -370,6 +396,8 @@ export function render({ model, el }) {
     if (!keep) fit(); else apply(false);
     mark(!keep); hits = []; if (search.value) find('again');
     const h = hits[hit]; if (keep && !reveal && aimed && h && !inView(h.g)) { center(h.g, false); aimed = h.key; }
+    // the partner's centred node, still followed: centred again in this picture where it stands here, else fitted
+    else if (keep && !(h && aimed)) follow();
     title.textContent = title.title = model.title || '';
     if (reveal) { const g = inner.querySelector(`g#${CSS.escape(reveal)}`); const ids = revealIds; reveal = null; revealIds = [];
       const node = ids.map((i) => inner.querySelector(`g#n${i}`)).find((x) => x);
@@ -390,13 +418,15 @@ export function render({ model, el }) {
     else if (isBox(g.id)) open(g); });
   // a new scope fits the picture whichever comes first: a patch that sets svg and scope together hands them over one
   // at a time, svg first, so `setSvg` saw the old scope and kept the last model's zoom (an empty view)
-  const rescope = () => { if (model.scope === scope) return; staleMarks = scope !== null; rebase(scope); scope = model.scope;
+  const rescope = () => { if (model.scope === scope) return; if (otherModel(scope, model.scope)) led = null;
+    staleMarks = scope !== null; rebase(scope); scope = model.scope;
     if (inner.querySelector('svg')) { fit(); mark(false); if (search.value) find('again'); } else touched = false; };
   model.on('svg', setSvg); model.on('scope', rescope);
   // another model's index can arrive after its picture (setSvg searched the new picture with the old index: a
   // kept "softmax" read "no match" on minilm until retyped): search again with it
   const research = () => { hits = []; if (search.value) find('again'); };
   model.on('absorbed', research); model.on('folded', research); model.on('names', research); model.on('order', research);
+  model.on('absent', research);
   model.on('highlight', () => { staleMarks = false; mark(true); }); model.on('selected', () => mark(false));
   model.on('related', () => mark(false));
   model.on('title', () => { title.textContent = title.title = model.title || ''; });

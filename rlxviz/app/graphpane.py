@@ -47,6 +47,7 @@ import param
 from panel.custom import JSComponent
 
 from ..ir import Graph
+from ..ir.identity import DigestCache
 from ..ir.printer import shown_attrs
 from ..passes.made import is_copy, made_in_run, remade_in_run, replaced
 from ..passes.placement import placed
@@ -135,6 +136,8 @@ class SvgGraph(JSComponent):
     names = param.Dict(default={})
     order = param.List(default=[], item_type=int, doc="The graph's node ids in graph order: the order of the search's "
                        "hits, the same whichever layers are open (`search_order`); [] keeps the drawing's order.")
+    absent = param.Dict(default={}, doc='Where each node of the run this version lacks is: `n<id>` -> `it exists from '
+                        '"after fuse_sdpa" on` (`absent_index`); a `%id` query of another version says so.')
     legend = param.String("", doc="HTML of a folded legend in the picture's corner (`ops_legend_html`), or ''.")
     cover = param.Integer(0, bounds=(0, None), doc="Width (px) of the pane's right edge under the node drawer "
                           "(`panels.DRAWER_PX` while it is open), 0 for none: a search hit is centred in the rest.")
@@ -368,3 +371,47 @@ def _via(chains: list[str]) -> str:
     if not nested:
         return ""
     return (" directly and" if "" in chains else "") + " via " + " and ".join(nested)
+
+
+_SPANS: DigestCache[dict[int, tuple[int, int]]] = DigestCache(limit=8)
+
+
+def node_spans(trace: Trace) -> dict[int, tuple[int, int]]:
+    """Node id -> (first, last) index into `trace.versions()` of the versions holding it; once per run (node ids are
+    never reused, so a version step reads the run's spans, never the graphs again)."""
+    def spans() -> dict[int, tuple[int, int]]:
+        out: dict[int, tuple[int, int]] = {}
+        for k, (_, g) in enumerate(trace.versions()):
+            for n in g:
+                out[n.id] = (out[n.id][0], k) if n.id in out else (k, k)
+        return out
+
+    return _SPANS.get_or_compute(trace, spans)
+
+
+def absent_index(trace: Trace | None, index: int) -> dict[str, str]:
+    """Where each node of the run that version `index` of `trace` lacks is (`SvgGraph.absent`): `n<id>` ->
+    `it exists from "after fuse_sdpa" on` (made by a later pass) or `it was last in "after fold_qdq"` (removed
+    before it), the versions named as the CLI and the version list name them. A `%id` query with no hit says so
+    (`absent_note`) instead of a bare `no match`: the CLI and the Why tab name ids of any version. {} without a trace.
+
+    Raises:
+        IndexError: `index` is not a version of `trace`.
+    """
+    if trace is None:
+        return {}
+    versions = trace.versions()
+    here = {n.id for n in versions[index][1]}
+    labels = [label for label, _ in versions]
+    return {f"n{i}": (f'it exists from "{labels[a]}" on' if a > index else f'it was last in "{labels[b]}"')
+            for i, (a, b) in node_spans(trace).items() if i not in here}
+
+
+def absent_note(query: str, absent: Mapping[str, str]) -> str:
+    """What the search says of `query` when it finds nothing (the browser's `find`, `_ESM`): for a `%id` of another
+    version of the run (`absent`, `absent_index`), `%324 is not in this version (it exists from "after fuse_sdpa"
+    on)`, else "" (the counter's `no match` says it all)."""
+    q = query.strip().lower()
+    m = re.fullmatch(r"%(\d+)", q)
+    where = absent.get(f"n{m[1]}") if m else None
+    return f"{q} is not in this version ({where})" if where else ""

@@ -21,7 +21,7 @@ from ..passes.why.verdict import OP_GAP_GROUP
 from ..session.overlays import UNITS
 from ..viz import box_layer
 from .explain import counterpart_line, counterparts, made_once, node_report, report_markdown
-from .graphpane import OnnxNames, SvgGraph, ZoomScope, absorbed_index, folded_index, ops_legend_html
+from .graphpane import OnnxNames, SvgGraph, ZoomScope, absent_index, absorbed_index, folded_index, ops_legend_html
 from .irdiff import diff_table, side_by_side
 from .irtext import IRText
 from .stale import StaleMark, safe
@@ -373,14 +373,15 @@ class GraphCompare(Viewer):
                                 caption=cap or "",
                                 scope=scope, folded=self._folded(s.current_graph) if folded else {},
                                 absorbed=self._absorbed(s.current_graph), order=self._order(s.current_graph),
-                                names=self._onnx_names())
+                                names=self._onnx_names(), absent=absent_index(s.trace, s.version_index()))
         if step is not None:
             prev, err2 = safe(s.svg_before, k)
             cap, _ = safe(s.caption, k, None, "before")
             self.before.param.update(svg=prev or "", title=f"before {step.pass_name}", scope=scope, caption=cap or "",
                                      folded=self._folded(s.previous_graph) if folded else {},
                                      absorbed=self._absorbed(s.previous_graph),
-                                     order=self._order(s.previous_graph), names=self._onnx_names())
+                                     order=self._order(s.previous_graph), names=self._onnx_names(),
+                                     absent=absent_index(s.trace, max(s.version_index() - 1, 0)))
             err = err or err2
         want = [self.before, self.after] if step is not None else [self.after]
         if list(self.row.objects) != want:
