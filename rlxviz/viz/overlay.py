@@ -8,8 +8,9 @@ before-graph, `Overlay.after(step)` marks the fused nodes on the after-graph.
 
 from __future__ import annotations
 
-from collections.abc import Container
+from collections.abc import Container, Mapping
 from dataclasses import dataclass, field, replace
+from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 from ..ir import Graph, Node, Op, operand_roles
@@ -261,7 +262,7 @@ def gap_caveats(trace: Trace | None, step: PassStep, groups: dict[tuple[str, int
     return {pl: w for pl, rs in at.items() if (w := gap_caveat(trace, rs))} | held
 
 
-def held_places(trace: Trace | None, step: PassStep) -> dict[tuple[str, int], Held]:
+def held_places(trace: Trace | None, step: PassStep) -> Mapping[tuple[str, int], Held]:
     """Each place (rule, anchor) of `step`'s refusals held by the model's own term whose refusal the run recorded
     (`passes.why.standing.held_place`: t5's cross-attention, refused by the gap `default_scale`, whose compiler fix
     alone uncovers `self_attention`) -> its `Held`: that term's refusal (`term`), the gap's words as `explain` says
@@ -273,12 +274,17 @@ def held_places(trace: Trace | None, step: PassStep) -> dict[tuple[str, int], He
     if trace is None or k is None:
         return {}
     from ..passes.refusal_kinds import MODEL_TERM  # the verdict reads the pipeline; the overlay is drawn without it
+    from ..passes.why.facts import RunFacts
     from ..passes.why.places import place_standings
     from ..passes.why.standing import held_place
 
-    return {pl: held for pl, (head, st) in place_standings(trace, k).items()
+    cache, key = RunFacts.of(trace).cache, ("held_places", k)  # once per step: the inspector asks per node
+    if key not in cache:
+        cache[key] = MappingProxyType({
+            pl: held for pl, (head, st) in place_standings(trace, k).items()
             if st is not None and st[0] == MODEL_TERM and (held := held_place(trace, head)) is not None
-            and held.term is not None}
+            and held.term is not None})
+    return cache[key]
 
 
 def is_gap(group: str) -> bool:

@@ -6,7 +6,9 @@ place's standing (`place_standings`) that the chips, the table and the drawings 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from types import MappingProxyType
 
 from ...ir import Graph
 from ...ir.identity import IdentityMap
@@ -134,20 +136,25 @@ def step_refusals(trace: Trace, step: int) -> tuple[Rejection, ...]:
     return (*trace.steps[step].rejections, *(replace(r, hint="") if unexpected_fix(trace, r) else r for r in found))
 
 
-def place_standings(trace: Trace, step: int) -> dict[tuple[str, int], tuple[Rejection, tuple[str, str] | None]]:
+def place_standings(trace: Trace, step: int) -> Mapping[tuple[str, int], tuple[Rejection, tuple[str, str] | None]]:
     """Each place (rule, anchor) of the refusals of `trace.steps[step]`, in the run's order -> `(headline, standing)`:
     its headline refusal (its first refusal when none is the headline) and `standing` of it. The one reading of a
-    place's standing the chips (`places`) and the app's matches table (`place_status`) share.
+    place's standing the chips (`places`) and the app's matches table (`place_status`) share. Computed once per step
+    of the run (`RunFacts.cache`), read-only: the node inspector asks it for every step of every node it tells
+    (`app.explain.node_decisions`), and worked it out again each time (~2 ms of `standing` per step and node).
 
     Raises:
         IndexError: `step` is not a step index of `trace`.
     """
-    heads: dict[tuple[str, int], Rejection] = {}
-    for r in step_refusals(trace, step):
-        k = (r.rule, r.anchor)
-        if k not in heads or (r.headline and not heads[k].headline):
-            heads[k] = r
-    return {k: (r, standing(trace, r)) for k, r in heads.items()}
+    cache, key = RunFacts.of(trace).cache, ("place_standings", step)
+    if key not in cache:
+        heads: dict[tuple[str, int], Rejection] = {}
+        for r in step_refusals(trace, step):
+            k = (r.rule, r.anchor)
+            if k not in heads or (r.headline and not heads[k].headline):
+                heads[k] = r
+        cache[key] = MappingProxyType({k: (r, standing(trace, r)) for k, r in heads.items()})
+    return cache[key]
 
 
 REJECTED = "rejected"
