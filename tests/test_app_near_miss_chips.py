@@ -21,6 +21,7 @@ from rlxviz.app.panels import NOT_NEAR_MISS_MARK, VersionStepper
 from rlxviz.app.state import AppState
 from rlxviz.passes import missed_fusions
 from rlxviz.passes.guard import NOT_A_CANDIDATE, NOT_NEAR_MISSES
+from rlxviz.passes.trace import place_label
 from rlxviz.passes.why.places import own_item
 from rlxviz.passes.why.verdict import RunVerdict
 
@@ -139,7 +140,7 @@ def test_the_rejection_mark_names_its_places_node_by_node(variant):
     """The ✗ tooltip said only what it counts ("rejections of this pass (near-misses, one per pattern and place)")
     while the faded ○'s names its places node by node: a newcomer had to open the table to learn where. It now names
     them the same way, from the same reading (`passes.why.places.places`): how many at how many nodes, each place
-    as `PATH: RULE (GUARD)`."""
+    as `%ANCHOR (PATH): RULE (GUARD)` (`trace.place_label` with its node, as every chip item names its place)."""
     from rlxviz.passes.why.places import PLACE_UNIT, places
 
     s = app(preset="bert-tiny")
@@ -153,7 +154,7 @@ def test_the_rejection_mark_names_its_places_node_by_node(variant):
             continue
         seen += 1
         row = rows[label]
-        want = [f"{r.path or '-'}: {r.rule} ({r.guard})" for r in p.near_misses]
+        want = [f"{place_label(r.anchor, r.path, with_node=True)}: {r.rule} ({r.guard})" for r in p.near_misses]
         assert row["rejected"] == want and row["rejected_at"] == [r.anchor for r in p.near_misses]
         tip = re.search(r"<span class='rv-rejected' title='([^']*)' style='[^']*'>✗(\d+)</span>", chips(s)[label])
         assert tip is not None and int(tip.group(2)) == len(want), chips(s)[label]

@@ -30,7 +30,7 @@ from rlxviz.ir import Builder, Graph, Op
 from rlxviz.passes import Pipeline
 from rlxviz.passes.guard import DOES_NOT_PAY
 from rlxviz.passes.rules.block import model_refusal
-from rlxviz.passes.trace import Trace
+from rlxviz.passes.trace import Trace, place_label
 from rlxviz.passes.why.places import places
 
 ZOO = Path(__file__).parent / "fixtures" / "onnx" / "zoo"
@@ -109,7 +109,8 @@ def test_a_gap_refused_block_is_still_protected_and_its_chip_names_the_node_left
     for r, item in zip(declined, items, strict=True):
         (mlp,) = r.offending
         node = t.steps[k].before[mlp]
-        assert node.path.endswith(".mlp") and item.startswith(f"{r.path}: "), item  # the place, then who
+        place = place_label(r.anchor, r.path, with_node=True)  # `%ANCHOR (PATH)`, as every chip item names it
+        assert node.path.endswith(".mlp") and item.startswith(f"{place}: "), item  # the place, then who
         assert f"left out matmul (node {mlp}, {node.path}): it would cost the attention block at " in item, item
     tip = not_near_miss_mark(p.faded, p.faded_at)
     assert all(f"left out matmul (node {r.offending[0]}, " in tip for r in declined), tip

@@ -184,8 +184,8 @@ def test_pre_norm_exports_show_no_near_miss_where_every_layer_fused(name):
 def test_each_excused_place_says_why_as_explain_does(name):
     """The chip's `○` reason for a place not expected of its layer is worded as the line `explain` prints under that
     layer: the same rule and guard, the same why, and the place's anchor among the places the line names (`explain`
-    prints one line per pattern and guard naming every place, the chip each place, named once by its path as
-    `near_miss_item` names it, so the guard's own reason, which names the place's nodes, may differ)."""
+    prints one line per pattern and guard naming every place, the chip each place, named once by its node and path
+    as `near_miss_item` names it, so the guard's own reason, which names the place's nodes, may differ)."""
     t = trace_of(FIX / name)
     v = RunVerdict.of(t)
 
@@ -208,7 +208,7 @@ def test_each_excused_place_says_why_as_explain_does(name):
             for item, anchor in zip(p.excused.get(g, []), p.excused_at.get(g, []), strict=True):
                 line = item.split(": ", 1)[1]
                 rule_guard, at, why = head_and_why(line, seps[g])
-                assert at == "", item  # the item's place is its path, named once
+                assert at == "" and item.startswith(f"%{anchor} ("), item  # its place, `%ANCHOR (PATH)`, named once
                 assert seps[g] in line and (g == NOT_EXPECTED_HERE) == (NOT_EXPECTED_WHY in line), item
                 assert any((rg, w) == (rule_guard, why) and f"%{anchor} (" in places for rg, places, w in said[g]), item
 
@@ -303,7 +303,8 @@ def test_a_parallel_block_with_packed_qkv_fuses_as_expected(layers, paths):
     # then why, as the table and `explain -v` say it (`places.cost_reason`: the recorded costs in context)
     k = t.steps.index(step)
     assert not_near_misses(step, t) == {DOES_NOT_PAY: [
-        f"{place_label(r.anchor, r.path)}: {r.rule} ({r.guard}): left out {describe(step.before[r.offending[0]])}: "
+        f"{place_label(r.anchor, r.path, with_node=True)}: {r.rule} ({r.guard}): "
+        f"left out {describe(step.before[r.offending[0]])}: "
         f"{cost_reason(t, r)}" for r in hard]}
     assert all(cost_reason(t, r) in in_context(t, k, r)[0] for r in hard)  # the words `explain -v` says
     assert all(x.split("): left out ", 1)[1].count(": it would cost ") == 1 for x in not_near_misses(step, t)[

@@ -19,7 +19,7 @@ from onnx import TensorProto, helper, numpy_helper
 from rlxviz.ir import Op
 from rlxviz.models.onnx import load_onnx
 from rlxviz.passes import Pipeline
-from rlxviz.passes.trace import layer_of
+from rlxviz.passes.trace import layer_of, place_label
 
 WHISPER = Path(__file__).parent / "fixtures" / "onnx" / "ortopt" / "whisper-encoder.ortopt.onnx"
 MS = "com.microsoft"
@@ -114,5 +114,8 @@ def test_whisper_bias_add_56_is_layer_0s_fc2_by_path_inspector_and_place():
     assert said["role"] == "the bias add"  # its own layer: no "in layer 0" aside
     (rej,) = [r for r in trace.steps[k].rejections if r.anchor == 56 and r.guard == GUARD]
     assert rej.path == "model.layers.0.fc2" and rej.layer == 0  # the place's name: `@ %56 (model.layers.0.fc2)`
-    gaps = step_places(trace.steps[k], trace).excused["gap in rlxviz's ops"]  # the chip tooltip's places
-    assert [g.split(":")[0] for g in gaps] == ["model.layers.0.fc2", "model.layers.1.self_attn.out_proj"]
+    p = step_places(trace.steps[k], trace)  # the chip tooltip's places, each `%ANCHOR (PATH)`
+    gaps, at = p.excused["gap in rlxviz's ops"], p.excused_at["gap in rlxviz's ops"]
+    paths = ["model.layers.0.fc2", "model.layers.1.self_attn.out_proj"]
+    assert at[0] == 56 and [before[a].path for a in at] == paths
+    assert [g.split(": ")[0] for g in gaps] == [place_label(a, before[a].path, with_node=True) for a in at]

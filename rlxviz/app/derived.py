@@ -84,10 +84,10 @@ def refusals(step: PassStep, trace: Trace | None = None) -> list[Rejection]:
 def not_near_misses(step: PassStep, trace: Trace | None = None) -> dict[str, list[str]]:
     """Group -> items of `step`'s places that are no near-miss and nothing to fix (`step_places`, `Places.faded`: the
     model's own term, a lookalike, a declined merge, not expected of the layer, illegal for it; hard or soft), in the
-    run's order: an item is `%ANCHOR (PATH): RULE (GUARD): MESSAGE` for a place whose reason is its refusal's own (the
-    model's own term, a lookalike, a declined merge: `places.own_item`, as `explain` lists it), else `PATH: RULE
-    (GUARD): why` (the chip's faded ○N). A place at a gap in rlxviz's ops is not one of them (`Places.gaps`: the
-    chip's △N)."""
+    run's order: an item names its place by node and path, `%ANCHOR (PATH)`, as every chip item does: `%ANCHOR (PATH):
+    RULE (GUARD): MESSAGE` for a place whose reason is its refusal's own (the model's own term, a lookalike, a declined
+    merge: `places.own_item`, as `explain` lists it), else `%ANCHOR (PATH): RULE (GUARD): why` (the chip's faded ○N).
+    A place at a gap in rlxviz's ops is not one of them (`Places.gaps`: the chip's △N)."""
     return step_places(step, trace).faded
 
 
@@ -222,7 +222,8 @@ class Derived:
         """One row per shown version: label, compute-node count, fused-node count, change in nodes, the other nodes
         it added and removed (`viz.overlay.other_changes`: "-2 params/consts", "" for none), the pass's
         matches, its rejections (`refusals`: hard near-misses by place, the chip's ✗), `rejected`: each of them named
-        (`Places.near_miss_items`) and `rejected_at`: its anchor node, and `not_near_misses`: group ->
+        (`Places.near_miss_items`: `%ANCHOR (PATH): RULE (GUARD)`) and `rejected_at`: its anchor node, and
+        `not_near_misses`: group ->
         its places that are no near-miss (`passes.why.standing.standing`: a lookalike, the model's own term, a declined
         merge, not expected of the layer: `Places.faded`), which the chip shows apart, not as a failure, and
         `not_near_miss_at`: the anchor node of each (`step_places`); `op_gaps`: the items of its places at a gap in

@@ -88,11 +88,12 @@ NOT_NEAR_MISS_MARK = "○"
 
 
 _SEP = "; "
-"""Between a chip tooltip's places that each say why (`PATH: RULE (GUARD): why`); plain paths take commas."""
+"""Between a chip tooltip's places that each say why (`%ANCHOR (PATH): RULE (GUARD): why`); plain names take
+commas."""
 
 
 def _at_one_node(items: list[str]) -> str:
-    """The items of one node's places: the item, `PATH (2 patterns)` when they say the same, else each."""
+    """The items of one node's places: the item, `ITEM (2 patterns)` when they say the same, else each."""
     said = list(dict.fromkeys(items))
     if len(items) == 1:
         return items[0]
@@ -103,7 +104,7 @@ def _at_one_node(items: list[str]) -> str:
 
 def _node_by_node(items: list[str], anchors: list[int]) -> str:
     """`items` (places) grouped by their anchor node (`anchors`, one per item), each node's as `_at_one_node` says them;
-    `; ` between them where an item says why (`PATH: RULE ...`), else `, `."""
+    `; ` between them where an item says why (`%ANCHOR (PATH): RULE ...`), else `, `."""
     by_node: dict[int, list[str]] = {}
     for a, item in zip(anchors, items, strict=True):
         by_node.setdefault(a, []).append(item)
@@ -136,8 +137,9 @@ def _places_tip(kinds: Mapping[str, list[str]], at: Mapping[str, list[int]] | No
 def rejected_mark(items: list[str], at: list[int], style: str) -> str:
     """A chip's `✗N` for a pass's near-miss places (`Places.near_miss_items`, in the run's order; `at`: the anchor
     node of each), in `style` (the rejection's red). Its tooltip names them node by node as the faded `○`'s does
-    (`not_near_miss_mark`): what is counted and at how many nodes, then each place as `PATH: RULE (GUARD)`, e.g.
-    `2 at 1 node (one per pattern and place): rejections of this pass (near-misses): 2 patterns at one node: ...`.
+    (`not_near_miss_mark`): what is counted and at how many nodes, then each place as `%ANCHOR (PATH): RULE (GUARD)`
+    (`places.near_miss_item`: its node id to search for, as every chip item names it), e.g. `2 at 1 node (one per
+    pattern and place): rejections of this pass (near-misses): 2 patterns at one node: %12 (encoder.layer.0): ...`.
     Node names are the model's text: escaped, never markup."""
     n = len(items)
     anchors = list(at) if len(at) == n else list(range(-n, 0))
@@ -150,8 +152,8 @@ def not_near_miss_mark(kinds: Mapping[str, list[str]], at: Mapping[str, list[int
     group -> items; `at`: group -> the anchor node of each item, `Places.excused_at`): `○N` (N places, `PLACE_UNIT`:
     two patterns refused at one node are two) in the chip's own colour, faded. Its tooltip says what is counted and at
     how many nodes, then the verdict's heading for each group (`passes.why.text.left_out_heading`) and its items
-    grouped by node (the paths, and why where that differs by place), e.g. `1 at 1 node (one per pattern and place): 1
-    lookalike, not a candidate (nothing to fix, not a near-miss): embeddings.LayerNorm`."""
+    grouped by node (each `%ANCHOR (PATH)`, its rule, guard and why), e.g. `1 at 1 node (one per pattern and place): 1
+    lookalike, not a candidate (nothing to fix, not a near-miss): %7 (embeddings.LayerNorm): RULE (GUARD): why`."""
     n, tip = _places_tip(kinds, at)
     return (f" <span class='rv-lookalike' title='{html_text(tip)}' style='opacity:.7'>"
             f"{NOT_NEAR_MISS_MARK}{n}</span>")

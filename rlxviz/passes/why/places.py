@@ -36,12 +36,13 @@ class Places:
     Attributes:
         near_misses: the headline refusal of each hard place that is a near-miss (`standing` None), in the run's
             order: what a version chip counts as `✗`.
-        excused: `standing` group -> one item per place that is no near-miss (hard or soft), in the run's order:
+        excused: `standing` group -> one item per place that is no near-miss (hard or soft), in the run's order,
+            each naming its place as `%ANCHOR (PATH)` (`trace.place_label` with its node, as every chip item does):
             for the model's own term, a lookalike or a declined merge, `%ANCHOR (PATH): RULE (GUARD): MESSAGE` as
             `explain` lists it (`own_item`; a place the model's own term holds, `%ANCHOR (PATH): RULE: why`); for a
             group whose reason differs by place (`NOT_EXPECTED_HERE`, `OP_GAP_GROUP`, `ILLEGAL_HERE_GROUP`,
-            `TAKEN_LATER_GROUP`, a declined merge that left nodes out) `PATH: RULE (GUARD): why`, the place
-            named once as `near_miss_item` names it, a not-expected one's why as `explain` words it
+            `TAKEN_LATER_GROUP`, a declined merge that left nodes out) `%ANCHOR (PATH): RULE (GUARD): why`, the
+            place named once as `near_miss_item` names it, a not-expected one's why as `explain` words it
             (`policy.not_expected_line` without its places: the guard's reason, then why; `policy.gap_line` for
             `OP_GAP_GROUP`: the reason, then the form rlxviz lacks and its compiler fix). The chip's faded `○`, but
             for `OP_GAP_GROUP` (`gaps`).
@@ -85,10 +86,10 @@ class Places:
 
 
 def near_miss_item(r: Rejection) -> str:
-    """A near-miss place named by its headline refusal `r`: `PATH: RULE (GUARD)` (`%ANCHOR` for no path,
-    `trace.place_label`), as the items of a place that is no near-miss name theirs where the reason differs by place
-    (`Places.excused`)."""
-    return f"{place_label(r.anchor, r.path)}: {r.rule} ({r.guard})"
+    """A near-miss place named by its headline refusal `r`: `%ANCHOR (PATH): RULE (GUARD)` (`trace.place_label` with
+    its node, `-` for no path), as every item of `Places.excused` names its place and `explain -v` lists it, so every
+    chip item gives a node id to search for (the ✗ items named the path alone beside ○ items that said `%39 (PATH)`)."""
+    return f"{place_label(r.anchor, r.path, with_node=True)}: {r.rule} ({r.guard})"
 
 
 def own_item(r: Rejection, trace: Trace | None = None) -> str:
@@ -201,22 +202,22 @@ def places(trace: Trace, step: int) -> Places:
                 near.append(r)
             continue
         group, why = st
-        path = place_label(r.anchor, r.path)
+        place = place_label(r.anchor, r.path, with_node=True)  # `%ANCHOR (PATH)`: every chip item alike
         if group == OP_GAP_GROUP:
             lacks |= dict.fromkeys(place_gaps(trace, r))
             workaround = workaround or gap_workaround(trace, r, st)
         if group in (NOT_EXPECTED_HERE, OP_GAP_GROUP):  # worded as `explain` words it: the guard's reason, then why
             reason = in_context(trace, step, r)[0]  # a gap: its compiler fix, no "why not expected" (issue 39)
             line = gap_line if group == OP_GAP_GROUP else not_expected_line
-            item = f"{path}: {line(r.rule, r.guard, reason, why)}"  # its place named once: `path`
+            item = f"{place}: {line(r.rule, r.guard, reason, why)}"  # its place named once: `place`
         elif group == MODEL_TERM and r.kind != MODEL_TERM:  # held by the model's own term: say it, and its gap
-            # (`standing.held_by`: t5's cross-attention, `default_scale` first), its node named as `explain` does
-            item = f"{place_label(r.anchor, r.path, with_node=True)}: {r.rule}: {why}"
+            # (`standing.held_by`: t5's cross-attention, `default_scale` first)
+            item = f"{place}: {r.rule}: {why}"
         elif group == DOES_NOT_PAY and (left := left_out(trace.steps[step].before, r)):
             why = cost_reason(trace, r)  # and why: the table's words (the block it protects)
-            item = f"{path}: {r.rule} ({r.guard}): left out {left}" + (f": {why}" if why else "")
+            item = f"{place}: {r.rule} ({r.guard}): left out {left}" + (f": {why}" if why else "")
         elif group in (ILLEGAL_HERE_GROUP, TAKEN_LATER_GROUP):
-            item = f"{path}: {r.rule} ({r.guard}): {why}"
+            item = f"{place}: {r.rule} ({r.guard}): {why}"
         else:  # the model's own term, a lookalike, a declined merge: its node and why, as `explain` lists it
             item = own_item(r, trace)
         excused.setdefault(group, []).append(item)
