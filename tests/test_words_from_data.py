@@ -16,6 +16,7 @@ import pytest
 from clirun import case_trace
 from test_encoder_decoder import encoder_decoder
 
+from rlxviz.app.explain import decision_markdown, node_decisions
 from rlxviz.passes import Pipeline
 from rlxviz.passes.refusal_kinds import MODEL_TERM
 from rlxviz.passes.why import caveat
@@ -86,3 +87,17 @@ def test_a_gap_follower_is_told_apart_by_the_blockers_guard_not_its_words(reword
         places.setdefault((r.rule, r.anchor), []).append(r)
     followed = [gap_followers(t, rs) for rs in places.values() if any(r.guard == "rope_full_rotary" for r in rs)]
     assert followed and all(f == {"rope_halves": caveat_words(_reworded("rope_halves"))} for f in followed), followed
+
+
+def test_the_inspector_says_a_refusals_stage_from_its_data_not_its_outcome_words():
+    """`node_decisions` hands each refusal's `stage` out beside its outcome; the inspector's item says it the same
+    whatever the outcome's words."""
+    t = case_trace(GPTJ)
+    step = next(s for s in t.steps if s.pass_name == "fuse_attention_block")
+    nodes = {r.anchor for r in step.rejections}
+    refused = [d for n in sorted(nodes) for d in node_decisions(t, n) if d["outcome"].startswith("rejected (")]
+    assert refused and {d["stage"] for d in refused} <= {"guard", "structure"}, refused
+    for d in refused:
+        item = decision_markdown(d)
+        assert f" ({d['stage']}): " in item, item
+        assert decision_markdown({**d, "outcome": "refused"}) == item, d
