@@ -17,15 +17,18 @@ from clirun import case_trace
 from test_encoder_decoder import encoder_decoder
 
 from rlxviz.app.explain import decision_markdown, node_decisions
+from rlxviz.cli import main
 from rlxviz.passes import Pipeline
 from rlxviz.passes.refusal_kinds import MODEL_TERM
 from rlxviz.passes.why import caveat
 from rlxviz.passes.why.caveat import caveat_words, next_blocker
 from rlxviz.passes.why.standing import gap_followers, held_by, held_place
 from rlxviz.passes.why.verdict import RunVerdict
+from rlxviz.session import advice
 
 HERE = Path(__file__).parent
 GPTJ = HERE / "fixtures" / "onnx" / "zoo" / "gptj.dynamo-eager.onnx"
+ESM_LIKE = HERE / "data" / "cases" / "esm-like-q-scaled-before-rope.rlx"
 
 
 def _reworded(guard: str) -> str:
@@ -101,3 +104,20 @@ def test_the_inspector_says_a_refusals_stage_from_its_data_not_its_outcome_words
         item = decision_markdown(d)
         assert f" ({d['stage']}): " in item, item
         assert decision_markdown({**d, "outcome": "refused"}) == item, d
+
+
+def test_a_refuted_model_fix_is_reworded_from_what_its_check_found(monkeypatch, capsys):
+    """Where the rule proposed a change to the model that its check refutes, the fix line says what the check found
+    (`FixCheck.found`) after `no checked fix in the model: `, whatever words `_check_fix` printed it with."""
+    real = advice._check_fix
+
+    def fake(*args):
+        c = real(*args)
+        return replace(c, printed=f"[refuted, worded otherwise] {c.found}") if c.found else c
+
+    monkeypatch.setattr(advice, "_check_fix", fake)
+    code = main(["explain", str(ESM_LIKE)])
+    out = capsys.readouterr().out
+    assert code == 1
+    assert "fix: no checked fix in the model: none offered, as rlxviz has no what-if that applies a change" in out
+    assert "worded otherwise" not in out
