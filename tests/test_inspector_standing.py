@@ -54,7 +54,8 @@ def test_every_refused_place_has_the_tables_standing_in_the_inspector(minilm):
 
 
 def test_the_standing_line_escapes_its_text():
-    d = {"pass": "p", "rule": "r.x", "role": "anchor", "outcome": "rejected (guard)", "guard": "g", "kind": "illegal",
+    d = {"pass": "p", "rule": "r.x", "role": "anchor", "outcome": "rejected (guard)", "stage": "guard", "guard": "g",
+         "kind": "illegal",
          "message": "<img src=x onerror=alert(1)>", "hint": "", "fix": "", "anchor": 3, "place": "",
          "standing": "not expected here", "standing_why": "*a* <script>alert(2)</script> [l](http://x)"}
     item = decision_markdown(d)

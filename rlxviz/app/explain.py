@@ -360,7 +360,8 @@ def node_decisions(trace: Trace, node_id: int) -> list[dict[str, Any]]:
           anchor) that no guard is about: `about` names the guards, said at the anchor (`_bound`);
         * `left out`: the node is what a fusion left out (a soft rejection's offending node, not part of the
           match): `guard` and `message` say why, `made` / `fused` what was fused without it;
-        * `rejected (STAGE)`: a refused candidate's guard (one entry per failing guard and role).
+        * `rejected (STAGE)`: a refused candidate's guard (one entry per failing guard and role), `stage` its
+          `Rejection.stage` (`structure` or `guard`), what the inspector says of it.
 
         A refusal's entry (`rejected` or an unfused `left out`) has its place's `standing` too
         (`passes.why.places.place_status`: `rejected`, `left out`, or the group of a place that is no near-miss,
@@ -448,7 +449,7 @@ def node_decisions(trace: Trace, node_id: int) -> list[dict[str, Any]]:
                      "follower": note,
                      "gap_workaround": gap_workaround(trace, head, st) and note is None,
                      "role": _role(s.before, r, node_id, role, RunFacts.of(trace).layers),
-                     "outcome": "left out" if r.soft else f"rejected ({r.stage})", "guard": r.guard,
+                     "outcome": "left out" if r.soft else f"rejected ({r.stage})", "stage": r.stage, "guard": r.guard,
                      "message": message, "hint": hint, "kind": r.kind, "fix": r.fix, "dead": r.dead,
                      "anchor": r.anchor,
                      "place": _place(s.before, r.anchor, place, r.bindings.get(place or "", r.anchor)),

@@ -138,6 +138,13 @@ def _why_of(d: Mapping[str, Any]) -> str:
     return _why_markdown(d["guard"], d.get("kind", ""), d["message"], d["hint"], d.get("fix", ""), d.get("dead", ()))
 
 
+def _stage(d: Mapping[str, Any]) -> str:
+    """What a refusal's item says in parentheses after its role: the refusal's stage (`d["stage"]`, `structure` or
+    `guard`, as `node_decisions` hands it out beside its `rejected (STAGE)` outcome), the outcome itself for a soft
+    refusal's (`left out`); "" for none."""
+    return d["outcome"] if d["outcome"] == "left out" else d.get("stage", "")
+
+
 def _left_word(x: Mapping[str, Any]) -> str:
     """`left out`, with the gap's △ word when what was left out is at a gap in rlxviz's ops (`_left`'s `gap`)."""
     return f"{LEFT_OUT} ({OP_GAP.format(standing=html_text(OP_GAP_GROUP))})" if x.get("gap") else LEFT_OUT
@@ -189,7 +196,7 @@ def decision_markdown(d: dict[str, Any]) -> str:
     if d.get("follower"):  # beside a gap in rlxviz's ops, no gap itself: the drawing's note, never the gap's words
         return _follower_markdown(d, rule, role, why)
     if standing and standing not in (NEAR_MISS, LEFT_OUT_STATUS):  # no near-miss: the chips' ○ (△ a gap), not a failure
-        stage = d["outcome"].removeprefix("rejected").strip(" ()")
+        stage = _stage(d)
         heading = left_out_heading(standing, 1, d.get("gap_workaround", False)).split(" ", 1)[1]  # the verdict's words
         reason = f" *Why:* {md_escape(d['standing_why'])}" if d.get("standing_why") else ""
         word = (OP_GAP if standing == OP_GAP_GROUP else NOT_NEAR_MISS).format(standing=html_text(standing))
@@ -198,7 +205,7 @@ def decision_markdown(d: dict[str, Any]) -> str:
     if d["outcome"] == "left out":
         made = f" ({product})" if d.get("made") else ""
         return f"- {_left_word(d)} of {rule}'s fusion{made}: {why}"
-    stage = d["outcome"].removeprefix("rejected").strip(" ()")
+    stage = _stage(d)
     return f"- {REJECTED} {rule} as *{role}*" + (f" ({md_escape(stage)})" if stage else "") + f": {why}"
 
 
@@ -209,7 +216,7 @@ def _follower_markdown(d: Mapping[str, Any], rule: str, role: str, why: str) -> 
     its *Why* is the text's caveat where that says more than the note (gpt-neox's `attn_single_user (illegal while
     the sdpa NaN guard ...) fails next`), never the gap's reason."""
     f = d["follower"]
-    stage = d["outcome"].removeprefix("rejected").strip(" ()")
+    stage = _stage(d)
     word = f"<b style='color:{OP_GAP_INK}'>△ {html_text(f['mark'])}</b>"
     caveat = f["caveat"] if f["caveat"] and f["caveat"] != f"alone it is not enough: {f['said']}" else ""
     reason = f" *Why:* {md_escape(caveat)}" if caveat else ""

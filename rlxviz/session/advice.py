@@ -107,6 +107,8 @@ class FixCheck:
         shown: whether `explain` prints `printed` as a `fix:` line at all (`passes.explain.Outcome.lines`: not when
             the line is empty or the refusal's message already holds it, as falcon's `attn_is_fused_block`
             statement `fuse_attention_block ran before and did its part here ...`); `_shown` decides it.
+        found: where the check refuted the fix (not `ok`), what it found (`applying it (...) does not make the fusion
+            happen`), the words `printed` says after `NO_MODEL_FIX` or `UNCHECKED_FIX` (`_refuted`); "" otherwise.
     """
 
     rule: str
@@ -121,6 +123,7 @@ class FixCheck:
     compiler: str = ""
     compiler_fix: str = ""
     shown: bool = True
+    found: str = ""
 
     @property
     def ok(self) -> bool:
@@ -375,9 +378,9 @@ def _check_one(trace: Trace, k: int, r: Rejection, checker: _Checker) -> FixChec
     caveat a not-expected line says (`why.caveat.alone_caveat`, `why.policy.with_caveat`): `explain -v`'s line and
     the plain line agree."""
     c = _check_fix(trace, k, r, checker)
-    if not c.ok and r.remedy in ("", IN_MODEL) and c.printed.startswith(NO_MODEL_FIX):
+    if not c.ok and r.remedy in ("", IN_MODEL) and c.found:
         # the rule proposed a change to the model: its check refutes that change, not every change (`UNCHECKED_FIX`)
-        c = replace(c, printed=UNCHECKED_FIX + c.printed.removeprefix(NO_MODEL_FIX))
+        c = _refuted(c, c.found, lead=UNCHECKED_FIX)
     left = fix_alone_blocker(trace, k, r) if r.fix else None
     compiler = _compiler_line(trace, k, r, left)
     withheld = not c.ok  # `_reworded` then names a compiler fix as the fix
@@ -398,6 +401,13 @@ def _shown(trace: Trace, k: int, r: Rejection, c: FixCheck) -> bool:
     return bool(line) and line not in message
 
 
+def _refuted(c: FixCheck, found: str, lead: str = NO_MODEL_FIX, **kw: object) -> FixCheck:
+    """`c` (with `kw`'s fields) whose check refuted its fix: `found` what the check found, its `printed` line that
+    finding after `lead` (`NO_MODEL_FIX`: `none in the model: applying it (...) changes the model's numbers: ...`;
+    `UNCHECKED_FIX` where the rule proposed a change to the model, `_check_one`). The one wording of that line."""
+    return replace(c, **kw, found=found, printed=lead + found)
+
+
 def _check_fix(trace: Trace, k: int, r: Rejection, checker: _Checker) -> FixCheck:
     message, hint = in_context(trace, k, r)
     form = fix_form(hint) if hint not in message else STATEMENT  # a hint inside the message prints no fix line
@@ -409,32 +419,32 @@ def _check_fix(trace: Trace, k: int, r: Rejection, checker: _Checker) -> FixChec
     except Exception:  # noqa: BLE001 - a what-if that cannot be built is no check: the fix is withheld, explain goes on
         w = None
     if w is None:
-        return replace(base, status=NO_WHAT_IF, detail="no what-if rewrite applies this fix, so it cannot be checked",
-                       printed=NO_MODEL_FIX + "none offered, as rlxviz has no what-if that applies a change to the "
-                                              "model here to check it (the compiler fix is the fix)")
+        return _refuted(base, "none offered, as rlxviz has no what-if that applies a change to the model here to "
+                              "check it (the compiler fix is the fix)",
+                        status=NO_WHAT_IF, detail="no what-if rewrite applies this fix, so it cannot be checked")
     try:
         after = checker.run(w)
     except Exception as e:  # noqa: BLE001 - the what-if graph broke a pass: the fix is not shown to work
-        return replace(base, status=NO_FUSION, what=w.what, detail=f"the pipeline failed on it ({type(e).__name__})",
-                       printed=NO_MODEL_FIX + f"applying it ({w.what}) does not make the fusion happen")
+        return _refuted(base, f"applying it ({w.what}) does not make the fusion happen", status=NO_FUSION,
+                        what=w.what, detail=f"the pipeline failed on it ({type(e).__name__})")
     why, ran = checker.differs(w, after)
     if why is not None:
         faint = checker.faint.get(w.key, "")
         said = (f"changes what the model computes, by less than {faint} rounding on these inputs" if faint else
                 "changes the model's numbers")
-        return replace(base, status=CHANGES_NUMBERS, what=w.what, detail=why,
-                       printed=NO_MODEL_FIX + f"applying it ({w.what}) {said}: {why}")
+        return _refuted(base, f"applying it ({w.what}) {said}: {why}", status=CHANGES_NUMBERS, what=w.what,
+                        detail=why)
     if not fused_more(trace, after, r):
         left = still_refused(after, r, trace)  # what stands in the way then: the checked fix's result decides the words
         then = f": {_words(trace, k, r, left)}" if left is not None else ""
-        return replace(base, status=NO_FUSION, what=w.what, detail=f"{r.rule} still does not fuse after {w.what}",
-                       printed=NO_MODEL_FIX + f"applying it ({w.what}) does not make the fusion happen{then}")
+        return _refuted(base, f"applying it ({w.what}) does not make the fusion happen{then}", status=NO_FUSION,
+                        what=w.what, detail=f"{r.rule} still does not fuse after {w.what}")
     skipped = checker.not_run.get(w.key, "")
     if not ran and not w.exact:  # said once: the change is not exact, and why its numbers were not run
         why_not = f"its numbers could not be checked: {skipped}"
-        return replace(base, status=NOT_RUN, what=w.what, detail=f"the change is not exact by construction and "
-                       f"{why_not}", printed=NO_MODEL_FIX + f"applying it ({w.what}) fuses, but it changes what the "
-                       f"model computes (not exact by construction) and {why_not}")
+        return _refuted(base, f"applying it ({w.what}) fuses, but it changes what the model computes (not exact by "
+                              f"construction) and {why_not}",
+                        status=NOT_RUN, what=w.what, detail=f"the change is not exact by construction and {why_not}")
     sets = ", ".join(s.name for s in checker.sets)
     err = checker.measured.get(w.key) if w.rounded and ran else None
     measured = f", max err {err:.2g} in float64" if err is not None and math.isfinite(err) else ""

@@ -6,6 +6,8 @@ line's reason (`fix_caveat`, read by `standing.standing`) and `explain -v`'s `fi
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from ..architecture import classify_layer
 from ..guard import IN_MODEL
 from ..pipeline import PASSES, STAGES
@@ -94,19 +96,50 @@ def alone_caveat(guard: str, blocker: Blocker | None) -> str:
     return caveat_words(blocker_name(guard, blocker))
 
 
+@dataclass(frozen=True)
+class NextBlocker:
+    """What fails next when the compiler fix of one refusal is checked at its rule alone
+    (`passes.whatif.fix_alone_blocker`), as data: the guard the views compare and look up, beside the words they say.
+
+    Attributes:
+        guard: the guard that fails next (t5's cross-attention: `self_attention`); "" when the fix is enough or
+            nothing is known.
+        words: how a caveat names it (`blocker_name`, `MADE_READERS`, `GAP_BLOCKER`): `self_attention (the model's own
+            term)`; "" with no guard.
+        kind: its refusal kind (`passes.refusal_kinds`, e.g. `not recognized`), "" with none.
+        own: it is rlxviz's own doing (`fix_blocker_own`).
+        made_by: the rewrite of rlxviz's that made every reader it highlights (`fix_blocker_made_by`), else "".
+    """
+
+    guard: str = ""
+    words: str = ""
+    kind: str = ""
+    own: bool = False
+    made_by: str = ""
+
+
+def next_blocker(trace: Trace, rule: str, anchor: int, guard: str) -> NextBlocker:
+    """`NextBlocker` of the refusal of `rule` at `anchor` by `guard`: what fails next when the compiler fix its
+    not-expected reason names is checked at its rule alone, checked once per refusal and trace (`_fix_blocker`). What
+    `fix_blocker`, `fix_blocker_kind`, `fix_blocker_own` and `fix_blocker_made_by` read, and the one source of the
+    guard that fails next (never cut out of `words`)."""
+    return _fix_blocker(trace, rule, anchor, guard)
+
+
 def fix_blocker(trace: Trace, rule: str, anchor: int, guard: str) -> str:
     """What fails next (`blocker_name`) when the compiler fix that the not-expected reason of the refusal of `rule` at
     `anchor` by `guard` names is checked at its rule alone (`passes.whatif.fix_alone_blocker`, the check behind
     `explain -v`'s `checked at this rule alone`), e.g. deit's `sum_single_user`: a two-output FusedResidualLN passes
     it, then `residual_same_shape (not a candidate)` fails; "" when the fix is enough or
-    nothing is known. Checked once per refusal and trace; the structured fact behind `fix_caveat`."""
-    return _fix_blocker(trace, rule, anchor, guard)[0]
+    nothing is known. Checked once per refusal and trace; the structured fact behind `fix_caveat` (`next_blocker`'s
+    `words`)."""
+    return _fix_blocker(trace, rule, anchor, guard).words
 
 
 def fix_blocker_kind(trace: Trace, rule: str, anchor: int, guard: str) -> str:
     """The refusal kind (`passes.refusal_kinds`, e.g. `not recognized`) of what `fix_blocker` names as failing next;
     "" when it names nothing."""
-    return _fix_blocker(trace, rule, anchor, guard)[1]
+    return _fix_blocker(trace, rule, anchor, guard).kind
 
 
 def fix_blocker_own(trace: Trace, rule: str, anchor: int, guard: str) -> bool:
@@ -115,14 +148,14 @@ def fix_blocker_own(trace: Trace, rule: str, anchor: int, guard: str) -> bool:
     own rewrites made (`fix_blocker_made_by`, `MADE_READERS`: gpt-neox's NaN guard that `nan_guard_moved` moved past
     the head merge). Data beside the words; False when it names nothing, or the model's own term or layout. Only the
     first is a pattern miss (`verdict.LayerVerdict.pattern_blocked`: "ops and patterns")."""
-    return _fix_blocker(trace, rule, anchor, guard)[2]
+    return _fix_blocker(trace, rule, anchor, guard).own
 
 
 def fix_blocker_made_by(trace: Trace, rule: str, anchor: int, guard: str) -> str:
     """The rewrite of rlxviz's (`pass.rule`) that made every reader what `fix_blocker` names as failing next
     highlights (`made_readers`: gpt-neox's `canonicalize_exported.nan_guard_moved`); "" when it names nothing or a
     reader is not that rewrite's."""
-    return _fix_blocker(trace, rule, anchor, guard)[3]
+    return _fix_blocker(trace, rule, anchor, guard).made_by
 
 
 GAP_BLOCKER = "{guard} (a gap in rlxviz's ops: {forms})"
@@ -130,8 +163,8 @@ GAP_BLOCKER = "{guard} (a gap in rlxviz's ops: {forms})"
 `rope_halves (a gap in rlxviz's ops: FusedAttentionBlock with interleaved RoPE)`."""
 
 
-def _fix_blocker(trace: Trace, rule: str, anchor: int, guard: str) -> tuple[str, str, bool, str]:
-    """`(fix_blocker, fix_blocker_kind, fix_blocker_own, fix_blocker_made_by)`, checked once per refusal and trace: the
+def _fix_blocker(trace: Trace, rule: str, anchor: int, guard: str) -> NextBlocker:
+    """`next_blocker`, checked once per refusal and trace: the
     same check as `explain -v`'s `checked at this rule alone` (`session.advice`), so every view names what that line
     names. Where the pass makes no product for the layer at all (`policy.lacks_product`, esm.qdyn's integer
     projections) the guard's own compiler fix is still the one checked: the check is the refusal's own, whatever the
@@ -139,7 +172,7 @@ def _fix_blocker(trace: Trace, rule: str, anchor: int, guard: str) -> tuple[str,
     facts = RunFacts.of(trace)
     key = ("fix_blocker", rule, anchor, guard)
     if key not in facts.cache:
-        facts.cache[key] = ("", "", False, "")
+        facts.cache[key] = NextBlocker()
         pass_name = rule.split(".")[0]
         hit = next(((k, r) for k, s in enumerate(trace.steps) if s.pass_name == pass_name for r in s.rejections
                     if (r.rule, r.anchor, r.guard) == (rule, anchor, guard) and r.fix), None)
@@ -161,7 +194,7 @@ def _fix_blocker(trace: Trace, rule: str, anchor: int, guard: str) -> tuple[str,
             if gaps:
                 name = GAP_BLOCKER.format(guard=blocker[0], forms=" and ".join(gaps))
             own = not gaps and (blocker[1] == NOT_RECOGNIZED or made is not None)
-            facts.cache[key] = (name, blocker[1], own, made[0] if made is not None else "")
+            facts.cache[key] = NextBlocker(blocker[0], name, blocker[1], own, made[0] if made is not None else "")
     return facts.cache[key]
 
 
@@ -269,5 +302,5 @@ __all__ = ["CAVEAT", "CAVEAT_OF", "MADE_READERS", "WORKAROUND", "alone_caveat", 
            "GAP_BLOCKER", "fix_blocker", "fix_blocker_kind", "fix_blocker_made_by", "fix_blocker_own", "fix_caveat",
            "fix_unchecked", "UNCHECKED",
            "line_caveats", "HELD_ALSO", "held_also", "own_term_behind",
-           "made_readers",
+           "made_readers", "NextBlocker", "next_blocker",
            "model_fix_note", "model_fix_rounded", "workaround_words"]

@@ -25,13 +25,13 @@ from .caveat import (
     fix_blocker_made_by,
     fix_blocker_own,
     fix_unchecked,
-    held_also,
     model_fix_note,
     model_fix_rounded,
     own_term_behind,
     workaround_words,
 )
 from .facts import RunFacts
+from .held import Held, term_refusal
 from .kinds import LayerArchitecture as Architecture
 from .policy import (
     COMPILER_FIX_WORDS,
@@ -313,15 +313,15 @@ def left_out_groups(trace: Trace, layers: Iterable[int] | None = None,
 
 def held_lines(trace: Trace, excused: Iterable[Excused]) -> list[tuple[int, str]]:
     """`(anchor, line)` of each place of `excused` held by the model's own term (`Excused.held`), as the model's own
-    terms are listed (`report.left_out_line` of the term's refusal the run recorded at the place, `RULE @ %ANCHOR
-    (PATH): self_attention [the model's own term]: ...`), then the gap it also runs into (`caveat.held_also`)."""
+    terms are listed (`report.left_out_line` of the term's refusal the run recorded at the place, `held.term_refusal`:
+    `RULE @ %ANCHOR (PATH): self_attention [the model's own term]: ...`), then the gap it also runs into (the place's
+    `held.Held`, its `also`, as the standing and the drawing word it)."""
     out = []
     for x in excused:
         for n in x.places if x.held else ():
-            guard = fix_blocker(trace, x.pattern, n, x.guard).split(" (", 1)[0]
-            term = next((r for r in trace.rejections if (r.rule, r.anchor, r.guard) == (x.pattern, n, guard)), None)
+            term = term_refusal(trace, x.pattern, n, x.guard)
             if term is not None:
-                out.append((n, f"{left_out_line(trace, term)}; {held_also(list(x.held), x.guard, term.pass_name)}"))
+                out.append((n, f"{left_out_line(trace, term)}; {Held(term, '', x.held, x.guard, term.pass_name).also}"))
     return out
 
 

@@ -8,13 +8,13 @@ The verdict's own rule (`verdict.layer_verdict`, `policy.excuse`) read per refus
 from __future__ import annotations
 
 import operator
-from dataclasses import dataclass
 
 from ..architecture import classify_layer
 from ..refusal_kinds import MODEL_TERM, model_term_why
 from ..trace import Rejection, Trace
-from .caveat import caveat_words, fix_blocker, held_also, line_caveats, own_term_behind
+from .caveat import NextBlocker, caveat_words, fix_blocker, line_caveats, next_blocker, own_term_behind
 from .facts import RunFacts, taken_places
+from .held import Held, term_refusal
 from .kinds import LayerArchitecture as Architecture
 from .policy import (
     ILLEGAL_HERE,
@@ -121,46 +121,12 @@ def _judged(trace: Trace, r: Rejection) -> tuple[Architecture | None, tuple[str,
     return arch, ex, gaps
 
 
-@dataclass(frozen=True)
-class Held:
-    """A place held by the model's own term (`caveat.own_term_behind`: t5's cross-attention, refused by the gap
-    `default_scale`, whose compiler fix alone would only uncover `self_attention`), as data every view words itself.
-
-    Attributes:
-        term: the term's refusal the run recorded at the place (a further failing guard), or None.
-        blocker: what the gap's compiler fix alone uncovers (`caveat.fix_blocker`: `self_attention (the model's own
-            term)`), said where the run recorded no term's refusal.
-        gaps: the op forms rlxviz lacks there (`policy.op_gaps`), e.g. `FusedAttentionBlock with a scale attribute`.
-        guard: the gap's guard (the place's headline refusal's, `default_scale`).
-        pass_name: the refused pass, whose product the gap's fix alone would not form (`policy.PRODUCTS`).
-    """
-
-    term: Rejection | None
-    blocker: str
-    gaps: tuple[str, ...]
-    guard: str
-    pass_name: str
-
-    @property
-    def also(self) -> str:
-        """The gap it also runs into, after the term (`caveat.held_also`): `it also runs into a gap in rlxviz's ops,
-        ... (default_scale), whose compiler fix alone would not form FusedAttentionBlock here`."""
-        return held_also(list(self.gaps), self.guard, self.pass_name)
-
-    @property
-    def why(self) -> str:
-        """The place's standing reason (`standing`'s, with `MODEL_TERM`): the term's refusal (`GUARD (the model's own
-        term): MESSAGE`, else `blocker`), then `also`."""
-        said = f"{self.term.guard} ({MODEL_TERM}): {self.term.message}" if self.term is not None else self.blocker
-        return f"{said}; {self.also}"
-
-
 def _held(trace: Trace, r: Rejection, gaps: list[str]) -> Held | None:
     """`Held` of the refusal `r` at gaps `gaps` (`_judged`'s) whose compiler fix alone would only uncover the model's
     own term (`caveat.own_term_behind`); None for any other refusal."""
     if not gaps or not own_term_behind(trace, r.rule, r.anchor, r.guard):
         return None
-    term = _term_refusal(trace, r)
+    term = term_refusal(trace, r.rule, r.anchor, r.guard)
     blocker = fix_blocker(trace, r.rule, r.anchor, r.guard) if term is None else ""
     return Held(term, blocker, tuple(gaps), r.guard, r.pass_name)
 
@@ -169,15 +135,6 @@ def held_place(trace: Trace, r: Rejection) -> Held | None:
     """`Held` of the place of the refusal `r` of `trace` when the model's own term holds it (`held_by`'s, with the
     gap it also runs into: what the drawing, the inspector and the text word from it), else None."""
     return None if r.kind == MODEL_TERM else _held(trace, r, _judged(trace, r)[2])
-
-
-def _term_refusal(trace: Trace, r: Rejection) -> Rejection | None:
-    """The refusal at the place of `r` (its rule and anchor) by the guard its compiler fix alone uncovers
-    (`caveat.fix_blocker`: t5's cross-attention `self_attention`), as the run recorded it (a further failing guard);
-    None when the run recorded none."""
-    guard = fix_blocker(trace, r.rule, r.anchor, r.guard).split(" (", 1)[0]
-    return next((x for s in trace.steps for x in s.rejections
-                 if (x.rule, x.anchor, x.guard) == (r.rule, r.anchor, guard)), None)
 
 
 def held_by(trace: Trace, r: Rejection) -> Rejection | None:
@@ -225,29 +182,29 @@ def _gap_names(trace: Trace, r: Rejection) -> list[tuple[str, str]]:
 
 
 def gap_followers(trace: Trace, refusals: list[Rejection]) -> dict[str, str]:
-    """Each further failing guard of one place at a gap in rlxviz's ops that is no gap of the place itself (no name
-    of `place_gap_names`, the verdict's gaps) -> the words the text gives it: the not-expected line's caveat
-    (`caveat.caveat_words` of `caveat.fix_blocker` of the place's headline refusal: `alone it is not enough:
-    attn_single_user (illegal while the sdpa NaN guard ... reads there: ...) fails next`) when it is what fails next
-    once the gap's compiler fix alone is applied, else "" (one more guard the candidate fails, `explain -v`'s `also
-    fails`). gpt-neox's attention place is a gap (`rope_full_rotary`, partial rotary) whose `attn_single_user` is the
-    illegal next blocker, not a gap: a drawing that marked it with the place's gap group alone read as a second gap;
-    gptj's `rope_halves` names a form of its own (interleaved RoPE) the verdict does not count there, so it follows
-    too. The one reading of "which guards at a place are gaps" for the drawing (`viz.overlay.gap_followers`), the Why
-    title (`session.render._gap_title`) and the Model Explorer export (`viz.model_explorer`). {} for a place at no
-    gap."""
+    """Each further failing guard of one place at a gap in rlxviz's ops that is no gap of the place itself (no name of
+    `place_gap_names`, the verdict's gaps) -> the words the text gives it: the not-expected line's caveat
+    (`caveat.caveat_words` of the words of `caveat.next_blocker` of the place's headline refusal: `alone it is not
+    enough: attn_single_user (illegal while the sdpa NaN guard ... reads there: ...) fails next`) when it is what fails
+    next once the gap's compiler fix alone is applied (that record's `guard`), else "" (one more guard the candidate
+    fails, `explain -v`'s `also fails`). gpt-neox's attention place is a gap (`rope_full_rotary`, partial rotary) whose
+    `attn_single_user` is the illegal next blocker, not a gap: a drawing that marked it with the place's gap group alone
+    read as a second gap; gptj's `rope_halves` names a form of its own (interleaved RoPE) the verdict does not count
+    there, so it follows too. The one reading of "which guards at a place are gaps" for the drawing
+    (`viz.overlay.gap_followers`), the Why title (`session.render._gap_title`) and the Model Explorer export
+    (`viz.model_explorer`). {} for a place at no gap."""
     facts = RunFacts.of(trace)
     head = _head(refusals)
     names = place_gap_names(trace, refusals)
     if head is None or not names:
         return {}
     arch = _judged_as(facts, head.layer)
-    blocker = fix_blocker(trace, head.rule, head.anchor, head.guard) if arch is not None else ""
+    blocker = next_blocker(trace, head.rule, head.anchor, head.guard) if arch is not None else NextBlocker()
     gaps = {n for _, n in names}
     out: dict[str, str] = {}
     for r in refusals:
         if r is not head and r.guard != head.guard and r.guard not in gaps:
-            out.setdefault(r.guard, caveat_words(blocker) if blocker.split(" (", 1)[0] == r.guard else "")
+            out.setdefault(r.guard, caveat_words(blocker.words) if blocker.guard == r.guard else "")
     return out
 
 
