@@ -19,9 +19,8 @@ from pathlib import Path
 
 import pytest
 from clirun import run as cli_run
+from inapp import uploaded
 
-from rlxviz.app.jobs import Runner
-from rlxviz.app.state import AppState
 from rlxviz.ir import Op
 from rlxviz.models.onnx import load_onnx
 from rlxviz.passes import Pipeline
@@ -29,7 +28,6 @@ from rlxviz.passes.report import taken_later
 from rlxviz.passes.why.policy import TAKEN_LATER_GROUP
 from rlxviz.passes.why.standing import standing
 from rlxviz.passes.why.verdict import OP_GAP_GROUP, RunVerdict
-from rlxviz.session import isolated
 
 ONNX = Path(__file__).parent / "fixtures" / "onnx"
 RULE, GUARD = "fuse_matmul_bias_act.bias_after_residual", "bias_after_residual"
@@ -86,11 +84,7 @@ def test_text_json_and_the_why_tab_say_the_same(capsys, monkeypatch):
     j = json.loads(out)
     assert code == jcode == 0 and j["ok"] and FORM in j["gap_forms"] and j["headline"] in text
     _, verbose, _ = cli_run(capsys, "explain", path, "-v")
-    monkeypatch.setattr(isolated, "run_isolated", lambda fn, *a, timeout_s=None, wall_s=None, max_bytes=None,
-                        what="", job=None, **kw: fn(*a, **kw))  # the upload in this process
-    s = AppState(runner=Runner(background=False), preset="bert-tiny", seq=8)
-    s.load_upload({path.name: path.read_bytes()})
-    assert s.message_kind != "danger", s.message
+    s = uploaded(monkeypatch, path)  # the upload in this process
     for d in j["layers"]:
         gap = f"{FORM} ({RULE}: {GUARD})"
         assert gap in d["op_gaps"] and f"  rlxviz's ops lack: {gap}" in text

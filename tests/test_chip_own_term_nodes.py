@@ -18,14 +18,11 @@ from pathlib import Path
 
 import pytest
 from clirun import run as cli_run
+from inapp import opened
 
-from rlxviz.app.jobs import Runner
 from rlxviz.app.panels import NOT_NEAR_MISS_MARK, VersionStepper
-from rlxviz.app.sources import ALLOWED_DIRS_ENV
-from rlxviz.app.state import AppState
 from rlxviz.passes.guard import MODEL_TERM
 from rlxviz.passes.why.text import left_out_heading
-from rlxviz.session import isolated
 
 ZOO = Path(__file__).parent / "fixtures" / "onnx" / "zoo"
 _LINE = re.compile(r"^  (?P<rule>\S+) @ (?P<place>%\d+ \([^)]*\)): (?P<guard>\S+) \[[^]]+\]: (?P<message>.*)$")
@@ -35,12 +32,7 @@ _LINE = re.compile(r"^  (?P<rule>\S+) @ (?P<place>%\d+ \([^)]*\)): (?P<guard>\S+
 def _faded_tips(monkeypatch, path: Path) -> dict[str, str]:
     """Version label -> the tooltip of its chip's faded `○` mark, unescaped, for `path` loaded in the app at seq 8
     (the run in this process)."""
-    monkeypatch.setattr(isolated, "run_isolated", lambda fn, *a, timeout_s=None, wall_s=None, max_bytes=None,
-                        what="", job=None, **kw: fn(*a, **kw))
-    monkeypatch.setenv(ALLOWED_DIRS_ENV, str(path.parent))
-    s = AppState(runner=Runner(background=False), preset="bert-tiny", seq=8)
-    s.param.update(checkpoint_dir=str(path), source="checkpoint")
-    assert s.trace is not None and s.model is not None and s.model.name.startswith(path.stem), s.message
+    s = opened(monkeypatch, path)
     out = {}
     for chip in VersionStepper(state=s)._counts().split("<span class='rv-chip'")[1:]:
         label = re.search(r"title='([^']*)'>", chip).group(1).split(" (", 1)[0]

@@ -12,13 +12,10 @@ from pathlib import Path
 
 import pytest
 from clirun import run as cli_run
+from inapp import opened
 
-from rlxviz.app.jobs import Runner
 from rlxviz.app.panels import VersionStepper
-from rlxviz.app.sources import ALLOWED_DIRS_ENV
-from rlxviz.app.state import AppState
 from rlxviz.passes.refusal_kinds import ROUNDING_ONLY
-from rlxviz.session import isolated
 
 ONNX = Path(__file__).parent / "fixtures" / "onnx"
 WITH_WORKAROUNDS = [ONNX / "ortopt" / "t5-encoder.ortopt.onnx", ONNX / "zoo" / "granite.dynamo-eager.onnx",
@@ -30,12 +27,7 @@ _ROUNDING = re.compile(r"\(" + re.escape(ROUNDING_ONLY) + r"[^)]*\)")
 
 def _chip_tips(monkeypatch, path: Path) -> list[str]:
     """Every tooltip of the app's version chips for `path` (loaded at seq 8, the run in this process), unescaped."""
-    monkeypatch.setattr(isolated, "run_isolated", lambda fn, *a, timeout_s=None, wall_s=None, max_bytes=None,
-                        what="", job=None, **kw: fn(*a, **kw))
-    monkeypatch.setenv(ALLOWED_DIRS_ENV, str(path.parent))
-    s = AppState(runner=Runner(background=False), preset="bert-tiny", seq=8)
-    s.param.update(checkpoint_dir=str(path), source="checkpoint")
-    assert s.trace is not None and s.model is not None and s.model.name.startswith(path.stem), s.message
+    s = opened(monkeypatch, path)
     return [html.unescape(t) for t in re.findall(r"title='([^']*)'", VersionStepper(state=s)._counts())]
 
 

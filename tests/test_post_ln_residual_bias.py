@@ -20,9 +20,8 @@ from pathlib import Path
 
 import pytest
 from clirun import run as cli_run
+from inapp import uploaded
 
-from rlxviz.app.jobs import Runner
-from rlxviz.app.state import AppState
 from rlxviz.ir import Op
 from rlxviz.models.onnx import load_onnx
 from rlxviz.passes import Pipeline
@@ -30,7 +29,6 @@ from rlxviz.passes.guard import COMPILER_ONLY
 from rlxviz.passes.why.policy import NOTHING_TO_CHANGE
 from rlxviz.passes.why.standing import standing
 from rlxviz.passes.why.verdict import OP_GAP_GROUP, RunVerdict
-from rlxviz.session import isolated
 
 ONNX = Path(__file__).parent / "fixtures" / "onnx"
 RULE = "fuse_transformer_layer.bert_post_ln"
@@ -90,11 +88,7 @@ def test_text_verbose_json_and_the_apps_chips_agree(capsys, monkeypatch):
     for c in j["fix_checks"]:
         if c["rule"] == RULE:
             assert c["fix"].startswith(NOTHING_TO_CHANGE) and c["compiler_fix_enough"] is not False, c
-    monkeypatch.setattr(isolated, "run_isolated", lambda fn, *a, timeout_s=None, wall_s=None, max_bytes=None,
-                        what="", job=None, **kw: fn(*a, **kw))
-    s = AppState(runner=Runner(background=False), preset="bert-tiny", seq=8)
-    s.load_upload({path.name: path.read_bytes()})
-    assert s.message_kind != "danger", s.message
+    s = uploaded(monkeypatch, path)  # the upload in this process
     row = next(r for r in s.version_rows() if r["version"] == "after fuse_transformer_layer")
     assert row["rejections"] == 0 and len(row["op_gaps"]) == 2, row  # △2, no ✗
     assert FORM in row["lacks"], row["lacks"]

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from clirun import run as cli_run
+from inapp import uploaded
 
 from rlxviz.models.onnx import load_onnx
 from rlxviz.passes import Pipeline
@@ -87,15 +88,7 @@ def test_whisper_layer_boxes_count_one_gap_place_each():
 
 
 def test_whisper_why_tab_files_fc2_in_layer_0(monkeypatch):
-    from rlxviz.app.jobs import Runner
-    from rlxviz.app.state import AppState
-    from rlxviz.session import isolated
-
-    monkeypatch.setattr(isolated, "run_isolated", lambda fn, *a, timeout_s=None, wall_s=None, max_bytes=None,
-                        what="", job=None, **kw: fn(*a, **kw))  # the upload in this process
-    s = AppState(runner=Runner(background=False), preset="bert-tiny", seq=8)
-    s.load_upload({WHISPER.name: WHISPER.read_bytes()})
-    assert s.message_kind != "danger", s.message
+    s = uploaded(monkeypatch, WHISPER)  # the upload in this process
     mine, next_ = (s.why_layer(k).replace("\\", "") for k in (0, 1))
     assert f"{RULE} ({GUARD}) @ %56 (" in mine and "node 53, model.layers.0.fc2" in mine
     assert "node 53" not in next_ and f"{RULE} ({GUARD}) @ %87 (" in next_
