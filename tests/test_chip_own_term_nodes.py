@@ -21,7 +21,7 @@ from clirun import run as cli_run
 from inapp import opened
 
 from rlxviz.app.panels import NOT_NEAR_MISS_MARK, VersionStepper
-from rlxviz.passes.guard import MODEL_TERM
+from rlxviz.passes.guard import DOES_NOT_PAY, MODEL_TERM
 from rlxviz.passes.why.text import left_out_heading
 
 ZOO = Path(__file__).parent / "fixtures" / "onnx" / "zoo"
@@ -42,11 +42,11 @@ def _faded_tips(monkeypatch, path: Path) -> dict[str, str]:
     return out
 
 
-def _cli_own_terms(capsys, path: Path) -> list[re.Match[str]]:
-    """The lines of `rlxviz explain PATH --seq 8 -v` under its heading of the model's own terms, parsed."""
+def _cli_own_terms(capsys, path: Path, group: str = MODEL_TERM) -> list[re.Match[str]]:
+    """The lines of `rlxviz explain PATH --seq 8 -v` under its heading of `group` (the model's own terms), parsed."""
     code, text, err = cli_run(capsys, "explain", str(path), "--seq", "8", "-v")
     assert code == 0 and "Traceback" not in err, err
-    heading = left_out_heading(MODEL_TERM, 2).split(" ", 1)[1]
+    heading = left_out_heading(group, 2).split(" ", 1)[1]
     lines = text.splitlines()
     k = next(i for i, x in enumerate(lines) if re.fullmatch(rf"\d+ {re.escape(heading)}:", x))
     out = []
@@ -84,3 +84,18 @@ def test_a_place_the_model_term_holds_is_named_by_its_node_too(capsys, monkeypat
     assert [m["place"].split(" ", 1)[0] for m in said] == ["%324", "%326"], [m.group(0) for m in said]
     for m in said:
         assert f"{m['place']}: {m['rule']}: {m['guard']} ({MODEL_TERM}): {m['message']}" in tip, tip
+
+
+def test_a_declined_merge_is_named_as_explain_names_it_whole(capsys, monkeypatch):
+    """Newcomer run 36: falcon.dynamo-sdpa's ○2 after fuse_shared_input_matmul said `PATH: ... left out matmul (node
+    60, ...): it would cost ...`, no `%13`, and dropped the message's last clause (`fewer than 2 matmuls would be left
+    to merge`), while `explain -v` lists the place whole. The chip item is now the CLI's line: node, rule, guard and
+    the whole message in context (`places.own_item`)."""
+    path = ZOO / "falcon.dynamo-sdpa.onnx"
+    tips = _faded_tips(monkeypatch, path)
+    tip = tips["after fuse_shared_input_matmul"]
+    said = _cli_own_terms(capsys, path, DOES_NOT_PAY)
+    assert len(said) == 2 and all("fewer than 2 matmuls would be left to merge" in m["message"] for m in said)
+    head = f"{left_out_heading(DOES_NOT_PAY, len(said))}: "
+    assert tip.split(head, 1)[1] == "; ".join(f"{m['place']}: {m['rule']} ({m['guard']}): {m['message']}"
+                                              for m in said), tip

@@ -14,7 +14,7 @@ Validity of the merge (unchanged, `rules.shared_input`): `x @ concat(w_i)` narro
 same dot product per column, for rank-2 weights of one dtype; numbers are checked against the unfused graph.
 
 The chip's `○` tooltip named the refusal's place alone (the anchor, `model.layers.0.self_attn.q_proj`); its item now
-names the node left out beside it (`left out matmul (node 238, model.layers.0.mlp)`).
+names the node left out beside it (`matmul with W (node 238, model.layers.0.mlp) is not merged: ...`).
 """
 
 from __future__ import annotations
@@ -111,6 +111,7 @@ def test_a_gap_refused_block_is_still_protected_and_its_chip_names_the_node_left
         node = t.steps[k].before[mlp]
         place = place_label(r.anchor, r.path, with_node=True)  # `%ANCHOR (PATH)`, as every chip item names it
         assert node.path.endswith(".mlp") and item.startswith(f"{place}: "), item  # the place, then who
-        assert f"left out matmul (node {mlp}, {node.path}): it would cost the attention block at " in item, item
+        assert f"(node {mlp}, {node.path}) is not merged: it would cost the attention block at " in item, item
     tip = not_near_miss_mark(p.faded, p.faded_at)
-    assert all(f"left out matmul (node {r.offending[0]}, " in tip for r in declined), tip
+    assert all(f"(node {r.offending[0]}, {t.steps[k].before[r.offending[0]].path}) is not merged" in tip
+               for r in declined), tip

@@ -10,10 +10,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
-from ...ir import Graph
 from ...ir.identity import IdentityMap
 from ..explain import Outcome, explain
-from ..pattern import describe
 from ..refusal_kinds import DOES_NOT_PAY, MODEL_TERM, NOT_A_CANDIDATE
 from ..report import block_in_context, in_context, left_out_message, name_users_nodes
 from ..trace import Rejection, Trace, place_label
@@ -41,7 +39,7 @@ class Places:
             for the model's own term, a lookalike or a declined merge, `%ANCHOR (PATH): RULE (GUARD): MESSAGE` as
             `explain` lists it (`own_item`; a place the model's own term holds, `%ANCHOR (PATH): RULE: why`); for a
             group whose reason differs by place (`NOT_EXPECTED_HERE`, `OP_GAP_GROUP`, `ILLEGAL_HERE_GROUP`,
-            `TAKEN_LATER_GROUP`, a declined merge that left nodes out) `%ANCHOR (PATH): RULE (GUARD): why`, the
+            `TAKEN_LATER_GROUP`) `%ANCHOR (PATH): RULE (GUARD): why`, the
             place named once as `near_miss_item` names it, a not-expected one's why as `explain` words it
             (`policy.not_expected_line` without its places: the guard's reason, then why; `policy.gap_line` for
             `OP_GAP_GROUP`: the reason, then the form rlxviz lacks and its compiler fix). The chip's faded `○`, but
@@ -94,29 +92,22 @@ def near_miss_item(r: Rejection) -> str:
 
 def own_item(r: Rejection, trace: Trace | None = None) -> str:
     """A place that is no near-miss for a reason of its refusal's own (`r`: the model's own term kept, a lookalike, a
-    merge the cost test declined that left no other node out), named as `explain` lists it (`report.left_out_line`):
+    merge the cost test declined, whose message names each matmul it left out and what merging it would cost), named
+    as `explain` lists it (`report.left_out_line`):
     its node and path, `%ANCHOR (PATH)`, its rule and guard, then the refusal's message as the text says it
     (`report.left_out_message` in `trace`; without one, the message as recorded), e.g. `%39
     (model.encoder.block.0.layer.0.SelfAttention): fuse_sdpa.hf_attention (mask_model_term): additive score term kept
-    as the attention's operand: ...`. t5's ○4 after fuse_sdpa listed its four layer scopes alone: no node, no why."""
+    as the attention's operand: ...`. t5's ○4 after fuse_sdpa listed its four layer scopes alone: no node, no why;
+    falcon's declined merges dropped the message's last clause (`fewer than 2 matmuls would be left to merge`)."""
     message = left_out_message(trace, r) if trace is not None else r.message
     return f"{place_label(r.anchor, r.path, with_node=True)}: {r.rule} ({r.guard}): {message}"
-
-
-def left_out(g: Graph, r: Rejection) -> str:
-    """The nodes a refusal of the tool's own cost test (`DOES_NOT_PAY`) left out, other than its anchor, as messages
-    name nodes (`matmul (node 346, model.layers.0.mlp)`), each of `g` (the step's input graph) joined by ", "; ""
-    for none. The place is the anchor (cohere's Q projection), the node left out another (its MLP's matmul): a chip
-    item that named the place alone hid which one."""
-    return ", ".join(describe(g[i]) for i in dict.fromkeys(r.offending) if i != r.anchor and i in g)
 
 
 def cost_reason(trace: Trace, r: Rejection) -> str:
     """Why the cost test's refusal `r` of `trace` left its nodes out, from the costs it recorded (`r.costs`) as
     `explain` words them in context (`report.block_cost_in_context`: what holds a protected attention block back,
     with `report.name_users_nodes`): each member's `it would cost ...`, joined by "; "; "" for a refusal that
-    records no costs. The chip item of such a place said which node was left out but not why, while `explain -v` and
-    the matches table said it."""
+    records no costs: the part of the refusal's message (`own_item`) each cost makes."""
     if r.costs is None:
         return ""
     return name_users_nodes(trace, r.costs.reason(lambda c: block_in_context(trace, c)))
@@ -213,9 +204,6 @@ def places(trace: Trace, step: int) -> Places:
         elif group == MODEL_TERM and r.kind != MODEL_TERM:  # held by the model's own term: say it, and its gap
             # (`standing.held_by`: t5's cross-attention, `default_scale` first)
             item = f"{place}: {r.rule}: {why}"
-        elif group == DOES_NOT_PAY and (left := left_out(trace.steps[step].before, r)):
-            why = cost_reason(trace, r)  # and why: the table's words (the block it protects)
-            item = f"{place}: {r.rule} ({r.guard}): left out {left}" + (f": {why}" if why else "")
         elif group in (ILLEGAL_HERE_GROUP, TAKEN_LATER_GROUP):
             item = f"{place}: {r.rule} ({r.guard}): {why}"
         else:  # the model's own term, a lookalike, a declined merge: its node and why, as `explain` lists it
