@@ -11,6 +11,7 @@ import pytest
 
 from rlxviz.ir import Builder, Graph, Op
 from rlxviz.passes import Pipeline, run_passes
+from rlxviz.passes.rules.table_mask import TABLE_DTYPE_FIX, TWO_TERMS_FIX
 from rlxviz.runtime import run_reference
 from rlxviz.runtime.executor import run_mlx
 
@@ -236,7 +237,8 @@ def test_a_per_row_table_repeated_by_halves_is_no_interleaved_table_and_is_named
 def two_terms(order: str = "bias_first", fill: float = F32_MIN, bias_shape: tuple[int, ...] = (1, 4, 6, 6),
               mask_shape: tuple[int, ...] = (2, 1, 6, 6), B: int = 2, scaled: bool = False,
               dtype: str = "f32") -> tuple[Graph, dict, dict]:
-    """T5's decoder self-attention: `(s + bias) + mask` (`order` "bias_first"; "mask_first": `(s + mask) + bias`),
+    """T5's decoder self-attention: `(s + bias) + mask` (`order` "bias_first"; "mask_first": `(s + mask) + bias`;
+    "summed": `s + (bias + mask)`, the rule's rewrite written by hand),
     bias a real-valued `bias_shape` param (a relative position bias), mask a causal `mask_shape` table of 0 and `fill`
     (its values carried, `Graph.values`); s = q k^T, times 1/sqrt(d) when `scaled` (T5 does not scale). Returns the
     graph, its weights and node ids by role."""
@@ -254,8 +256,8 @@ def two_terms(order: str = "bias_first", fill: float = F32_MIN, bias_shape: tupl
         s = b.mul(s, 1.0 / np.sqrt(d))
     bias, mask = b.param("position_bias", bias_shape, dtype), b.param("causal_mask", mask_shape, dtype)
     first, second = (bias, mask) if order == "bias_first" else (mask, bias)
-    inner = b.add(s, first)
-    o = b.matmul(b.softmax(b.add(inner, second), -1), v)
+    scores = b.add(s, b.add(bias, mask)) if order == "summed" else b.add(b.add(s, first), second)
+    o = b.matmul(b.softmax(scores, -1), v)
     b.output(b.reshape(b.transpose(o, (0, 2, 1, 3)), (max(B, mask_shape[0] if len(mask_shape) == 4 else 1), S,
                                                       H * d)))
     g = b.build()
@@ -299,6 +301,47 @@ def test_two_terms_the_rule_cannot_sum_stay_unpacked_and_are_named(case, guard, 
     (r,) = [r for r in t.rejections if r.rule == "canonicalize_exported.bias_then_table_mask" and r.headline]
     assert r.guard == guard and r.subject == ids[subject], r
     assert f"node {ids[subject]}" in r.message, r.message
+
+
+BF16_MIN, F16_MIN = -(2 - 2.0**-7) * 2.0**127, -65504.0  # finfo(bf16).min, finfo(f16).min
+INF = float("-inf")
+RULE = "canonicalize_exported.bias_then_table_mask"
+
+
+def _score_sums(g: Graph, w: dict, seed: int) -> np.ndarray:
+    """The softmax's input (the summed scores) of `g` on the reference, for x ~ 3 N(0, 1) (scores of tens: past f16's
+    absorbing |x| < 16)."""
+    from rlxviz.runtime.reference import reference_values
+    (sm,) = [n for n in g if n.op == Op.SOFTMAX]
+    feeds = {"x": (3 * np.random.default_rng(seed).standard_normal(g.inputs[0].shape)).astype(g.inputs[0].dtype.numpy)}
+    return reference_values(g, feeds, w, [sm.inputs[0]])[sm.inputs[0]]
+
+
+@pytest.mark.parametrize("dtype,fill,refusal", [
+    ("f32", F32_MIN, None), ("f32", INF, None),
+    ("bf16", BF16_MIN, ("scores_f32", "not recognized", TABLE_DTYPE_FIX, "s")),  # was mask_table: "two real-valued"
+    ("bf16", INF, ("scores_f32", "not recognized", TABLE_DTYPE_FIX, "s")),
+    ("f16", INF, ("scores_f32", "not recognized", TABLE_DTYPE_FIX, "s")),
+    ("f16", F16_MIN, ("fill_absorbs", "illegal", TWO_TERMS_FIX, "mask")),  # was mask_table; f16's min absorbs |x| < 16
+], ids=lambda v: v if isinstance(v, str) else (f"{v:.4g}" if isinstance(v, float) else None))
+def test_a_table_of_its_dtypes_lowest_value_is_a_mask_and_each_refusal_is_true(dtype, fill, refusal):
+    """A mask table holding its own dtype's lowest value (transformers' finfo(dtype).min) or -inf is recognized in
+    f32, bf16 and f16; the rule rewrites f32 (numbers kept), refuses bf16 and f16 -inf as not yet made for the dtype,
+    with the fix that the same rewrite is exact there, and f16's min as illegal (its sums round otherwise). Each
+    claim is checked on the reference on random inputs: `s + (a + b)` written by hand gives `(s + a) + b`'s sums
+    exactly where the rewrite fires or the fix says so, and other sums for f16's min."""
+    g, w, ids = two_terms(dtype=dtype, fill=fill)
+    r = run_passes(g, ["canonicalize_exported"])
+    got = [(x.guard, x.kind, x.fix, x.subject) for x in r.rejections if x.rule == RULE]
+    want = [] if refusal is None else [(*refusal[:3], ids[refusal[3]])]
+    assert got == want, got
+    assert [m.rule for m in r.steps[0].matches] == ([RULE] if refusal is None else [])
+    h, hw, _ = two_terms(dtype=dtype, fill=fill, order="summed")
+    exact = all(np.array_equal(_score_sums(g, w, seed), _score_sums(h, hw, seed), equal_nan=True) for seed in range(4))
+    assert exact == (refusal is None or refusal[0] == "scores_f32")
+    if refusal is None:  # the rule's own rewrite keeps the numbers
+        for seed in range(4):
+            assert np.array_equal(_score_sums(g, w, seed), _score_sums(r.final, w, seed))
 
 
 def test_a_residual_sum_is_no_score_term_and_no_record():

@@ -1039,6 +1039,8 @@ NEAR_MISSES += [
     ("canonicalize_exported.bias_then_table_mask", "mask_table", lambda: _two_terms(fill=-1e9), "mask", {}),
     ("canonicalize_exported.bias_then_table_mask", "scores_f32",
      lambda: _two_terms(dtype="f16", fill=float("-inf")), "s", {}),
+    ("canonicalize_exported.bias_then_table_mask", "fill_absorbs",
+     lambda: _two_terms(dtype="f16", fill=F16_MIN), "mask", {}),
     ("canonicalize_exported.bias_then_table_mask", "terms_no_widen",
      lambda: _two_terms(B=1, mask_shape=(2, 1, 6, 6)), "mask", {}),
 ]

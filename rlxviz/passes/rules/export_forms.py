@@ -60,13 +60,18 @@ K's scale next to its head split, bit-exact, and `fuse_sdpa` folds both pre-scal
   (anything else: no record). `where_bias` leaves such a sum to it.
 * `canonicalize_exported.bias_then_table_mask`: `(s + a) + b` (either order at both adds) with `s` a (scaled) score
   matmul and one of the terms a mask table folded at import (a param or const whose values the graph carries, every
-  entry 0 or a saturating fill: f32's min or -inf; T5's decoder: its relative position bias, then the causal mask
-  folded to a `[B, 1, S, S]` table) -> `s + (a + b)`, one additive score term. Exact for f32 with |s|, |a|, |b| <
-  2^102 (no real-valued score is near): where the table holds 0 both sides are `s + t` for the other term t
-  (`x + 0 == x`); where it holds the fill both sides round to the fill (min's ulp is 2^104, so min absorbs any
-  addend below 2^103; -inf absorbs every finite one). Guards: `mask_table` (one term is such a table: two
-  real-valued terms reassociated round differently, illegal), `scores_f32`, `terms_no_widen` (the terms broadcast
-  to the scores' shape, which the attention's additive operand needs).
+  entry 0 or a saturating fill: its own dtype's lowest value, `finfo(dtype).min`, which transformers writes in the
+  scores' dtype, or -inf; T5's decoder: its relative position bias, then the causal mask folded to a `[B, 1, S, S]`
+  table) -> `s + (a + b)`, one additive score term. Exact for f32 with |s|, |a|, |b| < 2^102 (no real-valued score
+  is near): where the table holds 0 both sides are `s + t` for the other term t (`x + 0 == x`); where it holds the
+  fill both sides round to the fill (min's ulp is 2^104, so min absorbs any addend below 2^103; -inf absorbs every
+  finite one). The same holds in bf16 (its min absorbs |x| < 2^119) and, for a table of 0 and -inf, in any float
+  dtype where `s + a` does not overflow; not for f16's min, which absorbs only |x| < 16 (`(s + a) + min` and
+  `s + (a + min)` round differently: s = a = 10 gives -65472 and -65504). Guards: `mask_table` (one term is such a
+  table: two real-valued terms reassociated round differently, illegal), `fill_absorbs` (the table's fill absorbs
+  every realistic sum: f16's min does not, illegal), `scores_f32` (the rule rewrites f32 only; for bf16, or a -inf
+  table in f16, the same rewrite would be exact: its fix), `terms_no_widen` (the terms broadcast to the scores'
+  shape, which the attention's additive operand needs).
 * `canonicalize_exported.inverted_where`: `where(eq(b, false), x, y)` or `where(ne(b, true), x, y)` with b bool
   (torch's `scores.masked_fill(~mask, min)` as exported: the mask inverted by a comparison) -> `where(b, y, x)`.
   Exact: for a bool b, `eq(b, false)` and `ne(b, true)` are `not b` element for element, and `where(not b, x, y)`
@@ -92,12 +97,20 @@ from ...ir import DType, Graph, Node, Op, Rewriter
 from ...ir.infer import broadcast
 from ..activations import OP_GAP_HINT, SQUARED_RELU, activation_form, epilogue_blocker, has_op, op_fix, owns_users
 from ..engine import rule_pass
-from ..guard import EPILOGUE_ACTIVATIONS, ILLEGAL, MODEL_TERM, NOT_RECOGNIZED, NOTHING_TO_CHANGE, Ctx, guard
+from ..guard import EPILOGUE_ACTIVATIONS, ILLEGAL, MODEL_TERM, NOT_RECOGNIZED, Ctx, guard
 from ..pattern import P, const_value, is_const
 from ..refusal_kinds import COMPILER_ONLY
 from ..rule import QUIET, Fail, Rule, reports
 from .head_layout import remove_shared
-from .table_mask import BIAS_THEN_TABLE_MASK, LOWEST, const_entries, is_score_matmul
+from .table_mask import (
+    BIAS_THEN_TABLE_MASK,
+    TWO_TERMS_FIX,
+    absorbs_guard,
+    const_entries,
+    fill_absorbs,
+    is_score_matmul,
+    lowest,
+)
 
 
 def _const_is(v: float):  # noqa: ANN202 - a pattern predicate
@@ -180,24 +193,9 @@ def _zero_fill(node: Node) -> bool:
 _zero_fill.__doc__ = "the constant 0"
 
 
-def _lowest(c: Ctx, mask: str) -> tuple[float, float] | None:
-    """`(finfo(dtype).min, half its step)` of the mask role `mask`'s float dtype (`LOWEST`); None for another dtype."""
-    return LOWEST.get(c[mask].dtype)
-
-
 def _fills_ok(c: Ctx, mask: str) -> bool:
-    low = _lowest(c, mask)
+    low = lowest(c, mask)
     return const_value(c["zero"]) == 0.0 and low is not None and const_value(c["fill"]) == low[0]
-
-
-def _absorbs(c: Ctx, mask: str) -> bool:
-    """The fill absorbs every realistic score: half its step is at least `_WIDE` (f32, bf16, f64; not f16)."""
-    low = _lowest(c, mask)
-    return low is None or low[1] >= _WIDE
-
-
-_WIDE = 2.0 ** 60
-"""Half a step of the fill at or above which `s + fill == fill` for every realistic score (f32: 2^103; f16: 16)."""
 
 
 def _padding_mask(name: str) -> P:
@@ -212,21 +210,9 @@ def _fills_guard(mask: str, fix: str):  # noqa: ANN202 - a Guard
     return guard("bias_fills", lambda c: _fills_ok(c, mask),
                  lambda c: f"{c.d(mask)} fills {const_value(c['zero']):.9g} where kept and "
                            f"{const_value(c['fill']):.9g} where masked; needs 0 and " + (
-                               f"finfo({c[mask].dtype}).min ({_lowest(c, mask)[0]:.9g}), the lowest value of its "
-                               f"dtype" if _lowest(c, mask) else f"a float dtype's lowest value ({c[mask].dtype})"),
+                               f"finfo({c[mask].dtype}).min ({lowest(c, mask)[0]:.9g}), the lowest value of its "
+                               f"dtype" if lowest(c, mask) else f"a float dtype's lowest value ({c[mask].dtype})"),
                  requires=(mask, "zero", "fill"), kind=NOT_RECOGNIZED, fix=fix)
-
-
-def _absorbs_guard(mask: str, tail: str, kind: str, fix: str = ""):  # noqa: ANN202 - a Guard
-    """`fill_absorbs`: the fill of `mask` absorbs every realistic score (f16's does not); `tail` says what the sum is
-    then, `kind` and `fix` as the rule's form makes them."""
-    return guard("fill_absorbs", lambda c: _absorbs(c, mask),
-                 lambda c: f"{c.d(mask)} is {c[mask].dtype}: s + finfo({c[mask].dtype}).min "
-                           f"({_lowest(c, mask)[0]:.9g}) rounds to that fill only for |s| < {_lowest(c, mask)[1]:g} "
-                           f"(half its step) and to -inf for s <= -{_lowest(c, mask)[1]:g}, so in {c[mask].dtype} "
-                           f"{tail}",
-                 NOTHING_TO_CHANGE + ": the sum is exact in its dtype, the rewrite would not be",
-                 requires=(mask, "s"), kind=kind, fix=fix)
 
 
 @reports(reads=("s",))
@@ -245,7 +231,7 @@ model's own term (`fill_absorbs`), bf16's where is one `fuse_sdpa`'s `where_mask
 def _scores_ok(c: Ctx, *terms: str) -> bool:
     """The scores (and `terms`, the mask last) are f32, or all in the mask's f16, which `fill_absorbs` refuses."""
     dts = {c[t].dtype for t in ("s", *terms)}
-    return dts == {DType.f32} or (not _absorbs(c, terms[-1]) and dts == {c[terms[-1]].dtype})
+    return dts == {DType.f32} or (not fill_absorbs(c, terms[-1]) and dts == {c[terms[-1]].dtype})
 
 
 def _scores_why(c: Ctx, *terms: str) -> str:
@@ -265,7 +251,7 @@ WHERE_BIAS = Rule(
     steps=(
         _not_biased_scores,
         _fills_guard("bias", "none: another fill is a different mask (the sum is not a where)"),
-        _absorbs_guard("bias", "the sum is no where (a fully masked row differs): it stays the model's own additive "
+        absorbs_guard("bias", "the sum is no where (a fully masked row differs): it stays the model's own additive "
                        "score term, which a fused attention takes as its operand as it is (exact)", MODEL_TERM),
         guard("scores_f32", lambda c: _scores_ok(c, "bias"), lambda c: _scores_why(c, "bias"),
               requires=("s", "bias"), kind=NOT_RECOGNIZED, fix=SCORES_DTYPE_FIX, no_model_fix=_no_cast),
@@ -444,8 +430,8 @@ BIAS_THEN_MASK = Rule(
     steps=(
         _sum_of_scores,
         _fills_guard("mask", "none: another fill is a different mask"),
-        _absorbs_guard("mask", "(s + bias) + mask is not s + (bias + mask) (a fully masked row differs)", ILLEGAL,
-                       "an attention op that adds the two score terms in the model's order"),
+        absorbs_guard("mask", "(s + bias) + mask is not s + (bias + mask) (a fully masked row differs)", ILLEGAL,
+                       TWO_TERMS_FIX),
         guard("scores_f32", lambda c: _scores_ok(c, "bias", "mask"), lambda c: _scores_why(c, "bias", "mask"),
               requires=("s", "bias", "mask"), kind=NOT_RECOGNIZED, fix=SCORES_DTYPE_FIX, no_model_fix=_no_cast),
     ),
