@@ -16,7 +16,7 @@ from panel.viewable import Viewer
 
 from ..ir import Graph, format_graph
 from ..passes.why.places import PLACE_UNIT
-from ..passes.why.text import gap_asks, left_out_heading
+from ..passes.why.text import WORKAROUND_TOO, compiler_fix_words, left_out_heading
 from ..passes.why.verdict import OP_GAP_GROUP
 from ..session.overlays import UNITS
 from ..viz import box_layer
@@ -165,15 +165,15 @@ either (the faded `○`): a compiler fix, nothing in the model to change."""
 
 
 def op_gap_mark(items: list[str], at: list[int] | None = None, lacks: list[str] | None = None,
-                workaround: bool = False) -> str:
-    """A chip's mark for a pass's places at a gap in rlxviz's ops (`Places.gaps`: items; `at`: the anchor node of
-    each; `lacks`: the op forms rlxviz lacks there, `Places.lacks`): `△N` in the chip's own colour, not faded (it is
-    something to fix, in rlxviz), its tooltip first `rlxviz's ops lack X: a compiler fix, nothing in the model to
-    change` (or `a workaround in the model too` where a checked change to the model works around one of them,
-    `workaround`: `Places.gap_workaround`, `passes.why.text.gap_asks`), then the places as the faded mark's tooltip
-    says them (`_places_tip`)."""
+                workaround: bool = False, blockers: list[tuple[str, str]] | None = None, unchecked: int = 0) -> str:
+    """A chip's mark for a pass's places at a gap in rlxviz's ops (`Places.gaps`: items; `at`: their anchors; `lacks`:
+    the forms rlxviz lacks there, `Places.lacks`): `△N` in the chip's own colour, not faded (something to fix, in
+    rlxviz), its tooltip first what `explain`'s headline says of these places (`text.compiler_fix_words` of
+    `Places.gap_blockers`, `gap_unchecked`, `workaround`: `Places.gap_workaround`): `rlxviz's ops lack X: a compiler
+    fix, nothing in the model to change`, or what fails next after its fix alone; then the places (`_places_tip`)."""
     n, tip = _places_tip({OP_GAP_GROUP: items}, {OP_GAP_GROUP: list(at or [])}, workaround)
-    head = f"rlxviz's ops lack {', '.join(lacks)}: {gap_asks(workaround)}. " if lacks else ""
+    asks = compiler_fix_words(list(blockers or []), unchecked, len(lacks or []) > 1, WORKAROUND_TOO * workaround)
+    head = f"rlxviz's ops lack {', '.join(lacks)}: {asks}. " if lacks else ""
     return f" <span class='rv-op-gap' title='{html_text(head + tip)}'>{OP_GAP_MARK}{n}</span>"
 
 
@@ -201,7 +201,8 @@ def counts_html(rows: list[dict[str, Any]], current: int, hidden_before: Callabl
         if r.get("not_near_misses"):  # a lookalike or the model's own term: said, not marked as a failure
             delta += not_near_miss_mark(r["not_near_misses"], r.get("not_near_miss_at"))
         if r.get("op_gaps"):  # a gap in rlxviz's ops: the compiler's to fix, not faded as "nothing to fix"
-            delta += op_gap_mark(r["op_gaps"], r.get("op_gap_at"), r.get("lacks"), r.get("gap_workaround", False))
+            delta += op_gap_mark(r["op_gaps"], r.get("op_gap_at"), r.get("lacks"), r.get("gap_workaround", False),
+                                 r.get("gap_blockers"), r.get("gap_unchecked", 0))
         if r.get("crashed"):
             delta += f" <b style='{red}'>CRASHED</b>"
         style = "background:#1565c0;color:#fff;" if cur else "background:#f1f3f5;"

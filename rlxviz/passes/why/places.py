@@ -19,7 +19,7 @@ from .caveat import model_fix_note
 from .facts import RunFacts
 from .gap_words import GapNames, group_words, trait_worded
 from .policy import NOT_EXPECTED_HERE, TAKEN_LATER_GROUP, gap_line, not_expected_line
-from .standing import place_gap_names, place_gaps, standing, unexpected_fix
+from .standing import place_fix_alone, place_gap_names, place_gaps, standing, unexpected_fix
 from .verdict import ILLEGAL_HERE_GROUP, OP_GAP_GROUP, LayerVerdict, RunVerdict
 
 PLACE_UNIT = "one per pattern and place"
@@ -49,6 +49,11 @@ class Places:
         lacks: the op forms rlxviz lacks at the `OP_GAP_GROUP` places (`standing.place_gaps`), each once, in order.
         gap_workaround: a checked change to the model works around one of the `OP_GAP_GROUP` places
             (`caveat.model_fix_note`, the same check that names it in the place's gap line).
+        gap_blockers: `(form, blocker)` of each `OP_GAP_GROUP` place whose compiler fix alone is not enough, in
+            order (`standing.place_fix_alone`: what fails next, as the headline's `OpGap.blocker` says it).
+        gap_unchecked: how many `OP_GAP_GROUP` places have a compiler fix no what-if checks alone
+            (`standing.place_fix_alone`, the headline's `OpGap.unchecked`). The chip's head words both as the
+            headline does (`text.compiler_fix_words`).
     """
 
     near_misses: list[Rejection]
@@ -56,6 +61,8 @@ class Places:
     excused_at: dict[str, list[int]] = field(default_factory=dict)
     lacks: list[str] = field(default_factory=list)
     gap_workaround: bool = False
+    gap_blockers: list[tuple[str, str]] = field(default_factory=list)
+    gap_unchecked: int = 0
 
     @property
     def faded(self) -> dict[str, list[str]]:
@@ -187,6 +194,8 @@ def places(trace: Trace, step: int) -> Places:
     excused_at: dict[str, list[int]] = {}
     lacks: dict[str, None] = {}
     workaround = False
+    blockers: list[tuple[str, str]] = []
+    unchecked = 0
     for r, st in place_standings(trace, step).values():
         if st is None:
             if not r.soft:
@@ -197,6 +206,9 @@ def places(trace: Trace, step: int) -> Places:
         if group == OP_GAP_GROUP:
             lacks |= dict.fromkeys(place_gaps(trace, r))
             workaround = workaround or gap_workaround(trace, r, st)
+            form, blocker, unsure = place_fix_alone(trace, r)  # the headline's facts (`OpGap`), per place
+            blockers += [(form, blocker)] * bool(blocker)
+            unchecked += unsure
         if group in (NOT_EXPECTED_HERE, OP_GAP_GROUP):  # worded as `explain` words it: the guard's reason, then why
             reason = in_context(trace, step, r)[0]  # a gap: its compiler fix, no "why not expected" (issue 39)
             line = gap_line if group == OP_GAP_GROUP else not_expected_line
@@ -210,7 +222,7 @@ def places(trace: Trace, step: int) -> Places:
             item = own_item(r, trace)
         excused.setdefault(group, []).append(item)
         excused_at.setdefault(group, []).append(r.anchor)
-    return Places(near, excused, excused_at, list(lacks), workaround)
+    return Places(near, excused, excused_at, list(lacks), workaround, blockers, unchecked)
 
 
 PlaceCount = tuple[str, str, str, str, int]

@@ -12,7 +12,15 @@ import operator
 from ..architecture import classify_layer
 from ..refusal_kinds import MODEL_TERM, model_term_why
 from ..trace import Rejection, Trace
-from .caveat import NextBlocker, caveat_words, fix_blocker, line_caveats, next_blocker, own_term_behind
+from .caveat import (
+    NextBlocker,
+    caveat_words,
+    fix_blocker,
+    fix_unchecked,
+    line_caveats,
+    next_blocker,
+    own_term_behind,
+)
 from .facts import RunFacts, taken_places
 from .held import Held, term_refusal
 from .kinds import LayerArchitecture as Architecture
@@ -169,6 +177,23 @@ def place_gap_names(trace: Trace, refusals: list[Rejection]) -> list[tuple[str, 
     return list(out) if mine else []
 
 
+def place_fix_alone(trace: Trace, r: Rejection) -> tuple[str, str, bool]:
+    """`(form, blocker, unchecked)` of a place at a gap in rlxviz's ops whose headline refusal is `r`, read as
+    `excused.layer_gaps` reads the verdict's `OpGap`s, so the app's chips and the headline (`text.gap_words`) say one
+    thing: `blocker` what fails next once the compiler fix of `r`'s own guard alone is applied (`caveat.fix_blocker`,
+    worded: `rope_halves (a gap in rlxviz's ops: ...)`), `form` the first form that is the guard's own gap, both ""
+    where the fix alone is enough or no gap is the guard's own (a layer trait's, `integer_qkv`: that fix was not
+    checked); `unchecked` where there is no blocker, a trait's gap, and no what-if checks the refusal's fix
+    (`caveat.fix_unchecked`: mobilebert.qdyn's integer-matmul projections). `("", "", False)` for a place at no
+    gap."""
+    names = _gap_names(trace, r)
+    own = [form for form, name in names if name == r.guard]
+    blocker = fix_blocker(trace, r.rule, r.anchor, r.guard) if names else ""
+    if blocker:
+        return (own[0], blocker, False) if own else ("", "", False)
+    return "", "", any(name != r.guard for _, name in names) and fix_unchecked(trace, r.rule, r.anchor, r.guard)
+
+
 def _head(refusals: list[Rejection]) -> Rejection | None:
     """The headline refusal of one place's `refusals` (the first when none is), None for none."""
     return next((r for r in refusals if r.headline), refusals[0] if refusals else None)
@@ -231,5 +256,5 @@ def _own_fixes(facts: RunFacts, r: Rejection) -> Rejection | None:
     return None if facts.cache.get(("deviates", r.layer)) else r
 
 
-__all__ = ["Held", "gap_caveat", "gap_followers", "held_by", "held_place", "place_gap_names", "place_gaps", "standing",
-           "unexpected_fix"]
+__all__ = ["Held", "gap_caveat", "gap_followers", "held_by", "held_place", "place_fix_alone", "place_gap_names",
+           "place_gaps", "standing", "unexpected_fix"]

@@ -138,7 +138,10 @@ it: one, many. A `MODEL_TERM` place is a fusion that kept the model's term as it
 1 + w) or a rule that left the model's own structure as it is (cross-attention: the attention stays packed)."""
 
 
-GAP_HAS_A_WORKAROUND = "a compiler fix; a workaround in the model too (its gap line names it)"
+WORKAROUND_TOO = "; a workaround in the model too (its gap line names it)"
+"""What a chip's gap head adds after the compiler fix where a checked change to the model works around one of its
+places (`compiler_fix_words`' `workaround`)."""
+GAP_HAS_A_WORKAROUND = f"a compiler fix{WORKAROUND_TOO}"
 """`GAP_IS_THE_COMPILERS` where a checked change to the model also works around the gap (`caveat.model_fix_note`)."""
 
 
@@ -433,34 +436,45 @@ def gap_words(r: RunVerdict) -> str:
     counts = [f"{n} {gap_status(made, patterns=pat)}" for made in (True, False) for pat in (False, True)
               if (n := sum(s.has_fused_op == made and s.pattern_blocked == pat for s in short))]
     firsts = [g for s in short if (g := next((x for x in s.gaps if x.blocker), None))]  # `LayerVerdict.gap_blocker`
-    blockers = [g.blocker for g in firsts]  # `OpGap.blocker`: the fix alone not enough
     worked = sum(s.gap_workaround for s in short)  # `OpGap.workaround`: a checked change to the model
     lacks = f"{', '.join(counts)} (rlxviz lacks {', '.join(gap_forms(r))}"
     # no what-if checks the fix where its refusal is a structure miss (`OpGap.unchecked`: codegen.qdyn's
     # `qkv_packed`, its RoPE guards never run): "nothing in the model to change" alone read as the fix being enough
     unchecked = sum(not any(g.blocker for g in s.gaps) and any(g.unchecked for g in s.gaps) for s in short)
-    unsure = f"; {UNCHECKED_ALONE.format(n=unchecked)}" if unchecked else ""
-    if not blockers and not worked:
-        return f"{lacks}: {GAP_IS_THE_COMPILERS}{unsure})"
-    # the compiler fix alone leaves a refusal standing (`caveat.fix_blocker`), or a checked change to the model makes
-    # the fusion too (`caveat.model_fix_note`): "nothing in the model to change" is not true there, so the headline
-    # says what fails next, and in how many layers the model can be changed instead
-    # where rlxviz lacks several forms, whose fix was checked alone (`caveat.CAVEAT_OF`, as the gap lines say it)
-    if len(gap_forms(r)) > 1:  # each form with what fails next after its fix alone (albert.ortopt: two gaps, each
-        # fix alone leaves the other: "the fix for X, Y alone ...: y, x fails next" read as a contradiction)
-        pairs = dict.fromkeys((g.form, g.blocker) for g in firsts)
-        alone = (f"; a fix alone is not enough in {len(blockers)} of them: "
-                 + "; ".join(f"with the fix for {form} alone, {blocker} fails next" for form, blocker in pairs)
-                 if blockers else "")
-    else:
-        alone = (f"; alone it is not enough in {len(blockers)} of them: {', '.join(dict.fromkeys(blockers))} fails "
-                 f"next" if blockers else "")
     rounded = sum(s.gap_workaround_rounded for s in short)  # `OpGap.rounded`: equal only up to rounding
     exactly = ("" if not rounded else f"it {ROUNDING_ONLY}; " if rounded == worked else
                f"in {rounded} of them it {ROUNDING_ONLY}; ")  # the words of every rounding-only change
     workaround = (f"; {_WORKAROUND.rstrip(': ')} in {worked} of them ({exactly}their gap lines name it)"
                   if worked else "")
-    return f"{lacks}: a compiler fix{alone}{unsure if not blockers else ''}{workaround})"
+    pairs = [(g.form, g.blocker) for g in firsts]  # `OpGap.blocker`: the fix alone not enough
+    return f"{lacks}: {compiler_fix_words(pairs, unchecked, len(gap_forms(r)) > 1, workaround)})"
+
+
+def compiler_fix_words(blockers: list[tuple[str, str]], unchecked: int, several: bool, workaround: str = "") -> str:
+    """What the compiler fix for a gap in rlxviz's ops asks, after `rlxviz lacks FORMS: `: `GAP_IS_THE_COMPILERS`
+    where its fix alone is enough, else `a compiler fix; alone it is not enough in N of them: BLOCKER fails next`.
+    The headline (`gap_words`, over its layers) and the app's `△` chip head (over a pass's places,
+    `places.Places.gap_blockers`) word the same facts with it. `blockers`: `(form, blocker)` of each layer or place
+    whose fix alone is not enough (`OpGap.blocker`, `standing.place_fix_alone`); `unchecked`: how many of them have
+    a fix no what-if checks alone (`OpGap.unchecked`), said only where no blocker is; `several`: rlxviz lacks
+    several forms there, so each form is said with what fails next after its fix alone (albert.ortopt: two gaps,
+    each fix alone leaves the other: "the fix for X, Y alone ...: y, x fails next" read as a contradiction);
+    `workaround`: the words of a checked change to the model, `; ...` (`WORKAROUND_TOO`), "" without."""
+    unsure = f"; {UNCHECKED_ALONE.format(n=unchecked)}" if unchecked and not blockers else ""
+    if not blockers and not workaround:
+        return f"{GAP_IS_THE_COMPILERS}{unsure}"
+    # the compiler fix alone leaves a refusal standing (`caveat.fix_blocker`), or a checked change to the model makes
+    # the fusion too (`caveat.model_fix_note`): "nothing in the model to change" is not true there, so the words
+    # say what fails next, and in how many the model can be changed instead
+    if several:
+        pairs = dict.fromkeys(blockers)
+        alone = (f"; a fix alone is not enough in {len(blockers)} of them: "
+                 + "; ".join(f"with the fix for {form} alone, {blocker} fails next" for form, blocker in pairs)
+                 if blockers else "")
+    else:
+        alone = (f"; alone it is not enough in {len(blockers)} of them: "
+                 f"{', '.join(dict.fromkeys(b for _, b in blockers))} fails next" if blockers else "")
+    return f"a compiler fix{alone}{unsure}{workaround}"
 
 
 def run_dict(r: RunVerdict) -> dict[str, Any]:
@@ -544,7 +558,8 @@ def _left_out(r: RunVerdict) -> list[str]:
 __all__ = ["UNCHECKED_ALONE",
            "ALSO_REJECTED_COUNTED", "ALSO_REJECTED_NOT_COUNTED", "TAKEN_LATER_STANDING", "also_rejected_line",
            "taken_later_lines",
-           "FUSED_AS_EXPECTED", "FUSED_AS_FAR_AS_OPS", "GAP_HAS_A_WORKAROUND", "GAP_IS_THE_COMPILERS", "GROUP_OVER",
+           "FUSED_AS_EXPECTED", "FUSED_AS_FAR_AS_OPS", "GAP_HAS_A_WORKAROUND", "GAP_IS_THE_COMPILERS", "WORKAROUND_TOO",
+           "compiler_fix_words", "GROUP_OVER",
            "PATTERNS",
            "gap_status", "held_words",
            "HELD_BACK_BY_LEGAL_AND_OPS", "HELD_BACK_BY_OPS", "NOTHING_TO_FUSE", "NO_FUSED_OP", "OUTSIDE_LAYERS",

@@ -1,0 +1,60 @@
+"""A `△` chip's head says what `explain`'s headline says (newcomer run 36): glm.dynamo-eager's chip opened
+`rlxviz's ops lack FusedAttentionBlock with partial rotary RoPE: a compiler fix, nothing in the model to change.`
+where the headline says `a compiler fix; alone it is not enough in 2 of them: rope_halves (...) fails next`, and
+mobilebert.qdyn's said nothing of the fix no what-if checks. The chip words the same facts (`OpGap.blocker`,
+`OpGap.unchecked`, per place: `Places.gap_blockers`, `Places.gap_unchecked`) with the headline's one function
+(`text.compiler_fix_words`); an export whose fix alone is enough keeps "nothing in the model to change"."""
+
+from __future__ import annotations
+
+import html
+import json
+import re
+from pathlib import Path
+
+import pytest
+from clirun import run as cli_run
+from inapp import opened
+
+from rlxviz.app.panels import VersionStepper
+from rlxviz.passes.why.text import GAP_IS_THE_COMPILERS, UNCHECKED_ALONE
+
+ZOO = Path(__file__).parent / "fixtures" / "onnx" / "zoo"
+NOT_ENOUGH = ["glm.dynamo-eager", "esm.optimum", "mobilebert.qdyn"]
+"""Exports whose headline says the gap's compiler fix alone is not enough (glm, esm) or not checked (mobilebert)."""
+ENOUGH = "bloom.dynamo-eager"
+"""An export whose gap's compiler fix alone is enough: `a compiler fix, nothing in the model to change)`."""
+
+
+def _gap_heads(monkeypatch, path: Path) -> list[str]:
+    """The head (up to its first `. `) of each `△` tooltip of the app's version chips for `path`, unescaped."""
+    s = opened(monkeypatch, path)
+    marks = re.findall(r"class='rv-op-gap' title='([^']*)'", VersionStepper(state=s)._counts())
+    tips = [html.unescape(t) for t in marks]
+    return [t.split(". ", 1)[0] for t in tips]
+
+
+def _cli_lacks(capsys, path: Path) -> str:
+    """`FORMS: WHAT THE FIX ASKS` of `rlxviz explain PATH --seq 8 --json`'s headline: what it says rlxviz lacks."""
+    code, out, err = cli_run(capsys, "explain", path, "--seq", "8", "--json")
+    assert "Traceback" not in err, err
+    headline = json.loads(out)["headline"]
+    assert "(rlxviz lacks " in headline and headline.endswith(")"), headline
+    return headline.split("(rlxviz lacks ", 1)[1][:-1]
+
+
+@pytest.mark.parametrize("name", NOT_ENOUGH)
+def test_gap_chip_head_says_the_headlines_condition(capsys, monkeypatch, name):
+    path = ZOO / f"{name}.onnx"
+    cli = _cli_lacks(capsys, path)
+    assert "alone it is not enough in 2 of them" in cli or UNCHECKED_ALONE.format(n=2) in cli, cli
+    heads = _gap_heads(monkeypatch, path)
+    assert f"rlxviz's ops lack {cli}" in heads, (cli, heads)  # the headline's words, its condition included
+
+
+def test_gap_chip_head_keeps_nothing_to_change_where_the_fix_alone_is_enough(capsys, monkeypatch):
+    path = ZOO / f"{ENOUGH}.onnx"
+    cli = _cli_lacks(capsys, path)
+    assert cli.endswith(f": {GAP_IS_THE_COMPILERS}"), cli
+    heads = _gap_heads(monkeypatch, path)
+    assert heads == [f"rlxviz's ops lack {cli}"], (cli, heads)
