@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from clirun import run as cli_run
+from inapp import opened
 from test_app_near_miss_chips import app, chips
 
 from rlxviz.app.panels import NOT_NEAR_MISS_MARK, OP_GAP_MARK
@@ -109,7 +110,9 @@ def test_the_layer_box_and_the_start_strip_say_the_verdicts_words(qk_app):
     assert v.word == HELD and v.none_made == "no fused op"
     start = StartHere(state=s, show_why=lambda: None)
     said = start._fused_words(0)
-    assert said.startswith(f"Layer 0 {HELD} (rlxviz lacks {QK_NORM_GAP}: {GAP_IS_THE_COMPILERS})"), said
+    # the headline's words for this layer, its condition too (`text.layer_fix_words`: no what-if checks the fix)
+    assert said.startswith(f"Layer 0 {HELD} (rlxviz lacks {QK_NORM_GAP}: {GAP_IS_THE_COMPILERS}; "
+                           f"{UNCHECKED_ALONE.format(n=1)})"), said
     assert RunVerdict.of(s.trace).headline.endswith(f"1 {HELD} (rlxviz lacks {QK_NORM_GAP}: {GAP_IS_THE_COMPILERS}; "
                                                     f"{UNCHECKED_ALONE.format(n=1)})")
 
@@ -137,3 +140,14 @@ def test_a_gap_whose_fix_alone_is_not_enough_says_what_fails_next(capsys):
     assert head.endswith(f"a compiler fix; alone it is not enough in 2 of them: {NEOX_BLOCKER} fails next)"), head
     assert all(f"alone it is not enough: {NEOX_BLOCKER} fails next" in ln
                for ln in text.splitlines() if "rlxviz has no FusedAttentionBlock with partial rotary" in ln)
+
+
+def test_the_start_strip_says_when_the_fix_alone_is_not_enough(monkeypatch):
+    """Newcomer run 36: glm.dynamo-eager's headline says the partial-rotary RoPE fix alone is not enough
+    (`rope_halves` fails next); the start strip's layer line said "a compiler fix, nothing in the model to change".
+    It now words the layer's gap records as the headline does (`text.layer_fix_words`)."""
+    s = opened(monkeypatch, HERE / "fixtures" / "onnx" / "zoo" / "glm.dynamo-eager.onnx")
+    said = StartHere(state=s, show_why=lambda: None)._fused_words(0)
+    head = RunVerdict.of(s.trace).headline
+    assert "alone it is not enough in 2 of them: rope_halves" in head, head
+    assert "; alone it is not enough in 1 of them: rope_halves" in said and GAP_IS_THE_COMPILERS not in said, said

@@ -12,7 +12,7 @@ import param
 from panel.viewable import Viewer
 
 from ..passes.trace import PassStep
-from ..passes.why.text import gap_asks
+from ..passes.why.text import layer_fix_words
 from ..session import SessionError
 from ..viz.styles import match_frames
 from .state import SHAPE_VARIANT, VARIANT_LABELS, AppState
@@ -397,14 +397,14 @@ class StartHere(Viewer):
     def _fused_words(self, layer: int) -> str:
         """The strip's line for a fused layer, in the verdict's own words (`LayerVerdict.status`): "nothing refused
         it" only where nothing did; a layer fused only as far as legal or as far as rlxviz's ops go (or held back by
-        them) says so, and what rlxviz lacks, as the headline does (`LayerVerdict.gap_workaround`, the field
-        `text.gap_words` reads: a compiler fix, nothing in the model to change, or a workaround in the model too;
+        them) says so, and what rlxviz lacks, as the headline does (`text.layer_fix_words`, what `text.gap_words`
+        says: a compiler fix, nothing in the model to change, or alone not enough, or a workaround in the model too;
         deit read "Layer 0 fused: nothing refused it." over a Why tab listing the attention block rlxviz has no form
         for, newcomer run 5)."""
         v = self.state.verdict().layer(layer)
         if v.status == "fused":
             return f"Layer {layer} fused: nothing it expects was refused. "
-        asks = gap_asks(v.gap_workaround)  # the gap record, not its words
+        asks = layer_fix_words([v], len(v.gap_forms) > 1)  # the gap records, as the headline words them
         lacks = f" (rlxviz lacks {', '.join(v.gap_forms)}: {asks})" if v.op_gaps else ""
         return f"Layer {layer} {v.status}{lacks}; the Why tab says what stood in the way. "
 

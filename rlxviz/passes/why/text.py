@@ -435,19 +435,31 @@ def gap_words(r: RunVerdict) -> str:
         return ""
     counts = [f"{n} {gap_status(made, patterns=pat)}" for made in (True, False) for pat in (False, True)
               if (n := sum(s.has_fused_op == made and s.pattern_blocked == pat for s in short))]
+    lacks = f"{', '.join(counts)} (rlxviz lacks {', '.join(gap_forms(r))}"
+    return f"{lacks}: {layer_fix_words(short, len(gap_forms(r)) > 1)})"
+
+
+def layer_fix_words(short: list[LayerVerdict], several: bool) -> str:
+    """What the compiler fix asks for layers `short` held back by rlxviz's ops (`LayerVerdict.gap_only`), from their
+    gap records (`compiler_fix_words`): what fails next after a fix alone (`OpGap.blocker`, each layer's first), in
+    how many no what-if checks it (`OpGap.unchecked`), in how many a checked change to the model works around it
+    (`OpGap.workaround`, rounding-only ones said so). The headline (`gap_words`, every such layer) and the app's start
+    strip (one layer) say it; `several`: rlxviz lacks several forms there."""
     firsts = [g for s in short if (g := next((x for x in s.gaps if x.blocker), None))]  # `LayerVerdict.gap_blocker`
     worked = sum(s.gap_workaround for s in short)  # `OpGap.workaround`: a checked change to the model
-    lacks = f"{', '.join(counts)} (rlxviz lacks {', '.join(gap_forms(r))}"
     # no what-if checks the fix where its refusal is a structure miss (`OpGap.unchecked`: codegen.qdyn's
     # `qkv_packed`, its RoPE guards never run): "nothing in the model to change" alone read as the fix being enough
     unchecked = sum(not any(g.blocker for g in s.gaps) and any(g.unchecked for g in s.gaps) for s in short)
     rounded = sum(s.gap_workaround_rounded for s in short)  # `OpGap.rounded`: equal only up to rounding
     exactly = ("" if not rounded else f"it {ROUNDING_ONLY}; " if rounded == worked else
                f"in {rounded} of them it {ROUNDING_ONLY}; ")  # the words of every rounding-only change
-    workaround = (f"; {_WORKAROUND.rstrip(': ')} in {worked} of them ({exactly}their gap lines name it)"
-                  if worked else "")
+    if len(short) == 1:  # the start strip's one layer: `GAP_HAS_A_WORKAROUND`'s words
+        workaround = f"; {_WORKAROUND.rstrip(': ')} too ({exactly}its gap line names it)" if worked else ""
+    else:
+        workaround = (f"; {_WORKAROUND.rstrip(': ')} in {worked} of them ({exactly}their gap lines name it)"
+                      if worked else "")
     pairs = [(g.form, g.blocker) for g in firsts]  # `OpGap.blocker`: the fix alone not enough
-    return f"{lacks}: {compiler_fix_words(pairs, unchecked, len(gap_forms(r)) > 1, workaround)})"
+    return compiler_fix_words(pairs, unchecked, several, workaround)
 
 
 def compiler_fix_words(blockers: list[tuple[str, str]], unchecked: int, several: bool, workaround: str = "") -> str:
@@ -559,7 +571,7 @@ __all__ = ["UNCHECKED_ALONE",
            "ALSO_REJECTED_COUNTED", "ALSO_REJECTED_NOT_COUNTED", "TAKEN_LATER_STANDING", "also_rejected_line",
            "taken_later_lines",
            "FUSED_AS_EXPECTED", "FUSED_AS_FAR_AS_OPS", "GAP_HAS_A_WORKAROUND", "GAP_IS_THE_COMPILERS", "WORKAROUND_TOO",
-           "compiler_fix_words", "GROUP_OVER",
+           "compiler_fix_words", "layer_fix_words", "GROUP_OVER",
            "PATTERNS",
            "gap_status", "held_words",
            "HELD_BACK_BY_LEGAL_AND_OPS", "HELD_BACK_BY_OPS", "NOTHING_TO_FUSE", "NO_FUSED_OP", "OUTSIDE_LAYERS",
