@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import TimeoutError as PlaywrightTimeout
 from playwright.sync_api import expect
-from served import ART, chromium, close_inspector, context, free_port, open_tab, served_app
+from served import ART, WAIT_MS, chromium, close_inspector, context, free_port, open_tab, served_app
 
 DATA = Path(__file__).parent / "data" / "reliability"
 
@@ -119,8 +119,14 @@ def _inspected_text(pg) -> str:
     """What the node inspector shows for each node of the after-pane, clicked in turn, joined by lines."""
     shown = []
     for i in range(pg.locator(".rv-after g.node").count()):
-        pg.locator(".rv-after g.node").nth(i).click()
-        pg.wait_for_timeout(400)
+        node = pg.locator(".rv-after g.node").nth(i)
+        key = node.get_attribute("id") or ""
+        node.click()
+        if key.startswith("n") and key[1:].isdigit():  # an IR node: wait until the inspector tells it (a loaded
+            # machine took longer than a fixed 400 ms, and the text read was the drawer's style alone)
+            expect(pg.locator(".rv-inspector").first).to_contain_text(f"%{key[1:]}", timeout=WAIT_MS)
+        else:
+            pg.wait_for_timeout(400)
         shown.append(pg.locator(".rv-inspector").first.evaluate(DEEP_TEXT))
         if pg.locator(".rv-inspector-drawer").is_visible():  # a node that is not an IR node opens none
             close_inspector(pg)
