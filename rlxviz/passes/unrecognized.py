@@ -10,8 +10,11 @@ matched or rejected (no `Match`/`Rejection` binds, anchors or names any of them)
 * `norm`: `reduce_mean` reaching `sqrt`/`rsqrt` within a few users (LayerNorm/RMSNorm statistics);
 * `gelu`: `erf`, or `tanh` whose user adds a constant (`1 + tanh(...)`);
 * `glu`: an activation whose result multiplies a matmul's of the same shape (a gated linear unit: gate and value
-  halves of one width). An activation broadcast over the other operand (Qwen2-MoE's shared-expert gate
-  `sigmoid(x @ w_g)` `[B, S, 1]` times the expert's `[B, S, H]` output) scales a whole output and is no GLU;
+  halves of one width), directly or through identical reshapes of both halves (`gate_views`: Qwen2-MoE's shared
+  expert as torch.onnx exports it; a SiLU- or GELU-gated one there is a gap in rlxviz's ops, remedy `compiler
+  only`, `VIEW_GAP_FIX`, since FusedSwiGLU takes the form itself). An activation broadcast over the other operand
+  (Qwen2-MoE's shared-expert gate `sigmoid(x @ w_g)` `[B, S, 1]` times the expert's `[B, S, H]` output) scales a
+  whole output and is no GLU;
 * `activation`: an activation written as primitives (`activations.activation_form`: QuickGELU
   `x * sigmoid(1.702 x)`, Swish, squared ReLU), never mistaken for a gate. One that no op computes
   (`activations.has_op`) is a gap in rlxviz's ops, as `canonicalize_exported.activation_op` names it where it runs:
@@ -27,10 +30,11 @@ from collections import deque
 from dataclasses import dataclass
 
 from ..ir import Graph, Node, Op
+from ..ir.ops import GATE_ACTIVATIONS
 from .activations import OP_GAP_HINT, activation_form, epilogue_blocker, has_op, op_fix
 from .architecture import attention_softmax
 from .declarations import FAMILIES, FINDING, FINDING_QUANTIZATION
-from .refusal_kinds import COMPILER_ONLY, NOT_RECOGNIZED
+from .refusal_kinds import COMPILER_ONLY, NOT_RECOGNIZED, NOTHING_TO_CHANGE
 from .report import MissedFusion
 from .trace import Rejection, Trace, place_label
 
@@ -99,6 +103,54 @@ def _const_operand(g: Graph, n: Node) -> bool:
     return any(g[i].op == Op.CONST for i in n.inputs)
 
 
+VIEWS = frozenset({Op.RESHAPE})
+"""The IR's pure views: the same elements in the same row-major order (transpose, expand, narrow move, repeat or drop
+elements), so an elementwise op commutes with the same view of each operand, bit for bit."""
+
+VIEW_GAP_HINT = (f"{NOTHING_TO_CHANGE}: the model's gated MLP is the form FusedSwiGLU takes; the reshapes between "
+                 "its projections and the gate product hide it from fuse_swiglu's rules; the fix is in the compiler")
+"""The fix line in the model of a SiLU- or GELU-gated GLU whose halves reach the product through identical reshapes
+(`gate_views`): a statement (its remedy is `compiler only`)."""
+
+VIEW_GAP_FIX = ("a canonicalization that moves identical reshapes past the gate product (mul(act(reshape(a)), "
+                "reshape(b)) -> reshape(mul(act(a), b))); then fuse_swiglu takes it")
+"""The compiler fix of such a GLU; its first clause is the form rlxviz lacks (`why.policy.fix_gap_form`)."""
+
+_GATED = (Op.MATMUL, Op.FUSED_MATMUL_BIAS_ACT, Op.NARROW)
+"""What a GLU's gate multiplies: a projection, or a half of a packed one."""
+
+
+def _view_source(g: Graph, n: Node) -> tuple[list[int], Node]:
+    """The reshapes from `n` back (`n` first when it is one) and the node they view (`n` itself when it is none)."""
+    chain = []
+    while n.op in VIEWS:
+        chain.append(n.id)
+        n = g[n.inputs[0]]
+    return chain, n
+
+
+def gate_views(g: Graph, act: Node, other: Node) -> tuple[int, ...] | None:
+    """The view chains of a GLU whose two halves reach the product through identical reshapes: `act`'s input and
+    `other` each views (`VIEWS`) a projection (`_GATED`) of one shape as one target shape, e.g. Qwen2-MoE's shared
+    expert, `silu(reshape(x @ wg, [8, 32])) * reshape(x @ wu, [8, 32])` with both products `[1, 8, 32]`. Returns
+    the chains' node ids and the two projections' (act's side first, `other` itself left out), or None for any
+    other form (no reshape, the halves viewed differently, or something else under the views)."""
+    a_chain, a_src = _view_source(g, g[act.inputs[0]])
+    b_chain, b_src = _view_source(g, other)
+    if not a_chain or not b_chain or a_src.op not in _GATED or b_src.op not in _GATED:
+        return None
+    if a_src.shape != b_src.shape or g[a_chain[0]].shape != other.shape:
+        return None
+    return (*a_chain, a_src.id, *b_chain[1:], b_src.id)
+
+
+def _through_views(g: Graph, act: Node, other: Node, mul: Node, views: tuple[int, ...]) -> str:
+    src = next(g[i] for i in reversed(views) if g[i].op not in VIEWS)
+    reshapes = ", ".join(f"%{i}" for i in (*views, other.id) if g[i].op in VIEWS)
+    return (f"{act.op.value} %{act.id} gates {src.op.value} %{src.id} in mul %{mul.id} through reshape(s) "
+            f"{reshapes} (both halves {list(src.shape)} -> {list(other.shape)})")
+
+
 def _signatures(g: Graph) -> list[tuple[str, tuple[int, ...], str]]:
     """`(family, nodes, what)` for every family signature in `g` (an `activation` signature's first node is its
     form's result, `activations.ActivationForm.out`)."""
@@ -122,10 +174,13 @@ def _signatures(g: Graph) -> list[tuple[str, tuple[int, ...], str]]:
                 if activation_form(g, u) is not None:  # x * sigmoid(k x): an activation, not a gate
                     continue
                 other = next((g[i] for i in u.inputs if i != n.id), None) if u.op == Op.MUL else None
-                if other is not None and other.op in (Op.MATMUL, Op.FUSED_MATMUL_BIAS_ACT, Op.NARROW) \
-                        and n.shape == other.shape:  # a gate broadcast over the other's features scales it
+                if other is None or n.shape != other.shape:  # a gate broadcast over the other's features scales it
+                    continue
+                if other.op in _GATED:
                     found.append(("glu", (u.id, n.id, other.id), f"{n.op.value} %{n.id} gates {other.op.value} "
                                                                  f"%{other.id} in mul %{u.id}"))
+                elif (views := gate_views(g, n, other)) is not None:
+                    found.append(("glu", (u.id, n.id, other.id, *views), _through_views(g, n, other, u, views)))
         elif n.op == Op.WHERE and any(u.op == Op.SOFTMAX for u in g.users(n.id)):
             sm = next(u for u in g.users(n.id) if u.op == Op.SOFTMAX)
             found.append(("where_mask", (n.id, sm.id), f"where %{n.id} masks the scores of softmax %{sm.id}"))
@@ -169,18 +224,22 @@ def unrecognized(trace: Trace) -> list[Unrecognized]:
     out = []
     claimed: set[int] = set()
     for family, nodes, what in _signatures(g):
-        if touched & set(nodes) or claimed & set(nodes):
+        core = nodes[:3] if family == "glu" else nodes  # a gate's views are read by the rules that made its act
+        if touched & set(core) or claimed & set(nodes):
             continue
         claimed |= set(nodes)
         name, hint = FAMILIES[family]
         form = activation_form(g, g[nodes[0]]) if family == "activation" else None
         gap = form is not None and not has_op(form)  # no op computes it: a gap in rlxviz's ops, not a model change
+        fix = op_fix(form, epilogue_blocker(g, form)) if gap and form is not None else ""
+        if family == "glu" and len(nodes) > 3 and g[nodes[1]].op in GATE_ACTIVATIONS:
+            hint, fix = VIEW_GAP_HINT, VIEW_GAP_FIX  # FusedSwiGLU takes it, but for the views: rlxviz's gap
         out.append(Unrecognized(family, nodes, g[nodes[0]].path,
                                 f"{what} looks like {name} (nodes {', '.join(f'%{i}' for i in nodes)}), but no rule "
                                 f"made it a candidate", OP_GAP_HINT if gap else hint,
-                                COMPILER_ONLY if gap else "",
-                                op_fix(form, epilogue_blocker(g, form)) if gap and form is not None else ""))
+                                COMPILER_ONLY if fix else "", fix))
     return out
 
 
-__all__ = ["FAMILIES", "FINDING", "FINDING_QUANTIZATION", "GUARD", "Unrecognized", "unrecognized"]
+__all__ = ["FAMILIES", "FINDING", "FINDING_QUANTIZATION", "GUARD", "VIEWS", "VIEW_GAP_FIX", "VIEW_GAP_HINT",
+           "Unrecognized", "gate_views", "unrecognized"]

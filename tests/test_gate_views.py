@@ -1,0 +1,62 @@
+"""A gated MLP whose two halves reach the gate product through identical reshapes (Qwen2-MoE's shared expert as
+torch.onnx exports it: `silu(reshape(x @ wg, [S, N])) * reshape(x @ wu, [S, N])`): the `glu` scan follows the views
+back to the projections, so the chain is never silent; it is SiLU-gated, the form FusedSwiGLU takes, so the finding
+is a gap in rlxviz's ops (remedy `compiler only`), not the `glu` family's "only SiLU/GELU gates" advice."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rlxviz.ir import Graph, parse_ir
+from rlxviz.passes import Pipeline
+from rlxviz.passes.refusal_kinds import COMPILER_ONLY
+from rlxviz.passes.unrecognized import VIEW_GAP_FIX, unrecognized
+
+ZOO = Path(__file__).parent / "fixtures" / "onnx" / "zoo"
+
+
+def viewed_glu(act: str = "silu", up_shape: str = "[8, 32]", down_in: str = "%8") -> str:
+    """x [1, 8, 16] -> act(reshape(x @ wg)) * reshape(x @ wu) -> @ wd: the halves viewed as `[8, 32]` (the up
+    half as `up_shape`)."""
+    return f"""graph viewed_glu {{
+  %0 = input {{name="x"}} : f32[1, 8, 16]
+  %1 = param {{name="gate_proj.weight"}} : f32[16, 32] @model.layers.0.mlp
+  %2 = param {{name="up_proj.weight"}} : f32[16, 32] @model.layers.0.mlp
+  %3 = matmul(%0, %1) : f32[1, 8, 32] @model.layers.0.mlp.gate_proj
+  %4 = reshape(%3) {{shape=[8, 32]}} : f32[8, 32] @model.layers.0.mlp.gate_proj
+  %5 = {act}(%4) : f32[8, 32] @model.layers.0.mlp.act_fn
+  %6 = matmul(%0, %2) : f32[1, 8, 32] @model.layers.0.mlp.up_proj
+  %7 = reshape(%6) {{shape={up_shape}}} : f32{up_shape} @model.layers.0.mlp.up_proj
+  %8 = mul(%5, %7) : f32[8, 32] @model.layers.0.mlp
+  %9 = param {{name="down_proj.weight"}} : f32[32, 16] @model.layers.0.mlp
+  %10 = matmul({down_in}, %9) : f32[8, 16] @model.layers.0.mlp.down_proj
+  return %10
+}}"""
+
+
+def _unfolded(g: Graph):
+    """The canonical pipeline without `canonicalize_exported` (whose `gate_views` moves the reshapes)."""
+    return Pipeline.canonical().without("canonicalize_exported").run(g)
+
+
+def test_a_silu_gate_through_identical_reshapes_is_a_gap_in_rlxvizs_ops():
+    (u,) = unrecognized(_unfolded(parse_ir(viewed_glu())))
+    assert u.family == "glu" and u.nodes[:4] == (8, 5, 7, 4)  # the projections: narrows of the shared-input matmul
+    assert "silu %5 gates narrow" in u.reason and "in mul %8 through reshape(s) %4, %7 (both halves [1, 8, 32] -> " \
+        "[8, 32])" in u.reason
+    assert u.remedy == COMPILER_ONLY and u.fix == VIEW_GAP_FIX and u.hint.startswith("nothing to change")
+    assert "only the SiLU- and GELU-gated" not in u.hint
+
+
+def test_a_relu_gate_through_reshapes_keeps_the_familys_advice():
+    (u,) = unrecognized(_unfolded(parse_ir(viewed_glu("relu"))))
+    assert u.family == "glu" and u.remedy == "" and "only the SiLU- and GELU-gated" in u.hint
+
+
+def test_the_views_of_a_different_shape_are_no_glu_through_views():
+    """The up half from `[8, 1, 32]` (another shape viewed as `[8, 32]`): not the identical views of one GLU."""
+    g = parse_ir(viewed_glu().replace('%2 = param {name="up_proj.weight"} : f32[16, 32]',
+                                      '%2 = param {name="up_proj.weight"} : f32[16, 32]\n  %11 = input {name="y"} : '
+                                      'f32[8, 1, 16]').replace("%6 = matmul(%0, %2) : f32[1, 8, 32]",
+                                                               "%6 = matmul(%11, %2) : f32[8, 1, 32]"))
+    assert [u.family for u in unrecognized(_unfolded(g))] == []
