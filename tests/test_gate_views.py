@@ -1,13 +1,19 @@
 """A gated MLP whose two halves reach the gate product through identical reshapes (Qwen2-MoE's shared expert as
-torch.onnx exports it: `silu(reshape(x @ wg, [S, N])) * reshape(x @ wu, [S, N])`): the `glu` scan follows the views
-back to the projections, so the chain is never silent; it is SiLU-gated, the form FusedSwiGLU takes, so the finding
-is a gap in rlxviz's ops (remedy `compiler only`), not the `glu` family's "only SiLU/GELU gates" advice."""
+torch.onnx exports it: `silu(reshape(x @ wg, [S, N])) * reshape(x @ wu, [S, N])`).
+
+Where nothing moves the views (stage `fuse_swiglu/gate_views` off) the `glu` scan follows them back to the
+projections, so the chain is never silent; it is SiLU-gated, the form FusedSwiGLU takes, so the finding is a gap in
+rlxviz's ops (remedy `compiler only`), not the `glu` family's "only SiLU/GELU gates" advice. With the stage,
+`reshape(mul(act(a), b))` is what `fuse_swiglu.dual_matmul` takes: the shared expert fuses, numbers unchanged."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from rlxviz.ir import Graph, parse_ir
+from test_unwritten_forms import equal_numbers
+
+from rlxviz.ir import Graph, Op, parse_ir
+from rlxviz.models.onnx import load_onnx
 from rlxviz.passes import Pipeline
 from rlxviz.passes.refusal_kinds import COMPILER_ONLY
 from rlxviz.passes.unrecognized import VIEW_GAP_FIX, unrecognized
@@ -35,8 +41,8 @@ def viewed_glu(act: str = "silu", up_shape: str = "[8, 32]", down_in: str = "%8"
 
 
 def _unfolded(g: Graph):
-    """The canonical pipeline without `canonicalize_exported` (whose `gate_views` moves the reshapes)."""
-    return Pipeline.canonical().without("canonicalize_exported").run(g)
+    """The canonical pipeline without the stage `fuse_swiglu/gate_views` (which moves the reshapes)."""
+    return Pipeline.canonical().disable("fuse_swiglu/gate_views").run(g)
 
 
 def test_a_silu_gate_through_identical_reshapes_is_a_gap_in_rlxvizs_ops():
@@ -60,3 +66,44 @@ def test_the_views_of_a_different_shape_are_no_glu_through_views():
                                       'f32[8, 1, 16]').replace("%6 = matmul(%0, %2) : f32[1, 8, 32]",
                                                                "%6 = matmul(%11, %2) : f32[8, 1, 32]"))
     assert [u.family for u in unrecognized(_unfolded(g))] == []
+
+
+def test_the_stage_moves_the_views_and_the_gated_mlp_fuses():
+    g = parse_ir(viewed_glu())
+    t = equal_numbers(g)  # every version, reference and MLX
+    (m,) = [m for s in t.steps for m in s.matches if m.rule == "fuse_swiglu.gate_views"]
+    assert [n.op for n in t.final if n.op in (Op.FUSED_SWIGLU, Op.RESHAPE, Op.MUL)] == [Op.FUSED_SWIGLU, Op.RESHAPE]
+    (sw,) = [n for n in t.final if n.op == Op.FUSED_SWIGLU]
+    assert sw.attrs["activation"] == "silu" and sw.shape == (1, 8, 32)
+    assert unrecognized(t) == []
+
+
+def test_a_gelu_gate_fuses_with_its_activation():
+    t = equal_numbers(parse_ir(viewed_glu("gelu_tanh")))
+    (sw,) = [n for n in t.final if n.op == Op.FUSED_SWIGLU]
+    assert sw.attrs["activation"] == "gelu_tanh"
+
+
+def test_a_view_read_elsewhere_is_refused_by_name():
+    """The up half's reshape also read by the output: dropping it would leave the matmul read twice."""
+    g = parse_ir(viewed_glu().replace("return %10", "return %10, %7"))
+    t = equal_numbers(g)
+    (r,) = [r for s in t.steps for r in s.rejections if r.rule == "fuse_swiglu.gate_views"]
+    assert r.guard == "views_single_use" and r.subject == 7
+    assert not [n for n in t.final if n.op == Op.FUSED_SWIGLU]
+
+
+def test_a_relu_gate_through_views_is_left_alone():
+    t = Pipeline.canonical().run(parse_ir(viewed_glu("relu")))
+    assert not [m for s in t.steps for m in s.matches if m.rule == "fuse_swiglu.gate_views"]
+
+
+def test_qwen2_moes_shared_expert_fuses_in_both_exports():
+    """Each layer: the routed experts' packed SwiGLU and the shared expert's, which reached its product through
+    `[1, S, N] -> [S, N]` reshapes (the PyTorch comparison: tests/test_onnx_zoo.py)."""
+    for stem in ("qwen2-moe.dynamo-sdpa", "qwen2-moe.dynamo-eager"):
+        m = load_onnx(ZOO / f"{stem}.onnx", seq=8)
+        t = Pipeline.canonical().run(m.graph)
+        shared = [n for n in t.final if n.op == Op.FUSED_SWIGLU and "shared_expert" in n.path]
+        assert len(shared) == 2 and sum(n.op == Op.FUSED_SWIGLU for n in t.final) == 4, stem
+        assert [u.family for u in unrecognized(t)] == [], stem

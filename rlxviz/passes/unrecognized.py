@@ -12,7 +12,9 @@ matched or rejected (no `Match`/`Rejection` binds, anchors or names any of them)
 * `glu`: an activation whose result multiplies a matmul's of the same shape (a gated linear unit: gate and value
   halves of one width), directly or through identical reshapes of both halves (`gate_views`: Qwen2-MoE's shared
   expert as torch.onnx exports it; a SiLU- or GELU-gated one there is a gap in rlxviz's ops, remedy `compiler
-  only`, `VIEW_GAP_FIX`, since FusedSwiGLU takes the form itself). An activation broadcast over the other operand
+  only`, `VIEW_GAP_FIX`, since FusedSwiGLU takes the form itself; the stage `fuse_swiglu/gate_views` moves one
+  reshape of each half past the product, so only views it does not take, or a run that switches it off, leave such a
+  finding). An activation broadcast over the other operand
   (Qwen2-MoE's shared-expert gate `sigmoid(x @ w_g)` `[B, S, 1]` times the expert's `[B, S, H]` output) scales a
   whole output and is no GLU;
 * `activation`: an activation written as primitives (`activations.activation_form`: QuickGELU
@@ -37,6 +39,7 @@ from .declarations import FAMILIES, FINDING, FINDING_QUANTIZATION
 from .refusal_kinds import COMPILER_ONLY, NOT_RECOGNIZED, NOTHING_TO_CHANGE
 from .report import MissedFusion
 from .trace import Rejection, Trace, place_label
+from .views import GATED, VIEWS, gate_views
 
 GUARD = "no_rule"
 """The guard name of an unrecognized finding (as `MissedFusion.guard`)."""
@@ -103,46 +106,15 @@ def _const_operand(g: Graph, n: Node) -> bool:
     return any(g[i].op == Op.CONST for i in n.inputs)
 
 
-VIEWS = frozenset({Op.RESHAPE})
-"""The IR's pure views: the same elements in the same row-major order (transpose, expand, narrow move, repeat or drop
-elements), so an elementwise op commutes with the same view of each operand, bit for bit."""
-
 VIEW_GAP_HINT = (f"{NOTHING_TO_CHANGE}: the model's gated MLP is the form FusedSwiGLU takes; the reshapes between "
                  "its projections and the gate product hide it from fuse_swiglu's rules; the fix is in the compiler")
 """The fix line in the model of a SiLU- or GELU-gated GLU whose halves reach the product through identical reshapes
 (`gate_views`): a statement (its remedy is `compiler only`)."""
 
-VIEW_GAP_FIX = ("a canonicalization that moves identical reshapes past the gate product (mul(act(reshape(a)), "
-                "reshape(b)) -> reshape(mul(act(a), b))); then fuse_swiglu takes it")
+VIEW_GAP_FIX = ("a rule moving these reshapes past the gate product (mul(act(reshape(a)), reshape(b)) -> "
+                "reshape(mul(act(a), b)), as fuse_swiglu/gate_views does for one reshape of each half from one shape "
+                "and dtype); then fuse_swiglu takes it")
 """The compiler fix of such a GLU; its first clause is the form rlxviz lacks (`why.policy.fix_gap_form`)."""
-
-_GATED = (Op.MATMUL, Op.FUSED_MATMUL_BIAS_ACT, Op.NARROW)
-"""What a GLU's gate multiplies: a projection, or a half of a packed one."""
-
-
-def _view_source(g: Graph, n: Node) -> tuple[list[int], Node]:
-    """The reshapes from `n` back (`n` first when it is one) and the node they view (`n` itself when it is none)."""
-    chain = []
-    while n.op in VIEWS:
-        chain.append(n.id)
-        n = g[n.inputs[0]]
-    return chain, n
-
-
-def gate_views(g: Graph, act: Node, other: Node) -> tuple[int, ...] | None:
-    """The view chains of a GLU whose two halves reach the product through identical reshapes: `act`'s input and
-    `other` each views (`VIEWS`) a projection (`_GATED`) of one shape as one target shape, e.g. Qwen2-MoE's shared
-    expert, `silu(reshape(x @ wg, [8, 32])) * reshape(x @ wu, [8, 32])` with both products `[1, 8, 32]`. Returns
-    the chains' node ids and the two projections' (act's side first, `other` itself left out), or None for any
-    other form (no reshape, the halves viewed differently, or something else under the views)."""
-    a_chain, a_src = _view_source(g, g[act.inputs[0]])
-    b_chain, b_src = _view_source(g, other)
-    if not a_chain or not b_chain or a_src.op not in _GATED or b_src.op not in _GATED:
-        return None
-    if a_src.shape != b_src.shape or g[a_chain[0]].shape != other.shape:
-        return None
-    return (*a_chain, a_src.id, *b_chain[1:], b_src.id)
-
 
 def _through_views(g: Graph, act: Node, other: Node, mul: Node, views: tuple[int, ...]) -> str:
     src = next(g[i] for i in reversed(views) if g[i].op not in VIEWS)
@@ -176,7 +148,7 @@ def _signatures(g: Graph) -> list[tuple[str, tuple[int, ...], str]]:
                 other = next((g[i] for i in u.inputs if i != n.id), None) if u.op == Op.MUL else None
                 if other is None or n.shape != other.shape:  # a gate broadcast over the other's features scales it
                     continue
-                if other.op in _GATED:
+                if other.op in GATED:
                     found.append(("glu", (u.id, n.id, other.id), f"{n.op.value} %{n.id} gates {other.op.value} "
                                                                  f"%{other.id} in mul %{u.id}"))
                 elif (views := gate_views(g, n, other)) is not None:
@@ -241,5 +213,5 @@ def unrecognized(trace: Trace) -> list[Unrecognized]:
     return out
 
 
-__all__ = ["FAMILIES", "FINDING", "FINDING_QUANTIZATION", "GUARD", "VIEWS", "VIEW_GAP_FIX", "VIEW_GAP_HINT",
-           "Unrecognized", "gate_views", "unrecognized"]
+__all__ = ["FAMILIES", "FINDING", "FINDING_QUANTIZATION", "GUARD", "VIEW_GAP_FIX", "VIEW_GAP_HINT", "Unrecognized",
+           "unrecognized"]

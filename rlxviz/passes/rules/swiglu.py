@@ -11,6 +11,9 @@ takes the same packed GEMM and the same lowering as a SwiGLU: a GELU-gated `Fuse
   the narrows and the gate activation are single-use and not outputs. `gate_first` is honoured everywhere
   in rlxviz (RLX's MLX lowering and unfuse ignore it).
 
+Stage `fuse_swiglu/gate_views` (`rules.gate_views`) first rewrites `mul(act(reshape(a)), reshape(b))`, identical
+views, to `reshape(mul(act(a), b))` (bit for bit), so either rule sees a gated MLP its exporter flattened.
+
 Validity (numbers equal for every input, up to GEMM summation order): `FusedSwiGLU(c, activation=act)` is
 `act(gate) * up` on the two halves of `c`'s last axis, `act` the very op the graph applied (its decomposition
 emits that op, so the activation's numbers are unchanged); the dual-matmul rule packs `[wu | wg]` so the
@@ -22,10 +25,11 @@ from __future__ import annotations
 
 from ...ir import Op, Rewriter
 from ...ir.ops import GATE_ACTIVATIONS
-from ..engine import rule_pass
+from ..engine import rule_pass, stage
 from ..guard import NOT_RECOGNIZED, Ctx, all_single_use, guard
 from ..pattern import P
 from ..rule import Rule
+from .gate_views import GATE_VIEWS_PASS
 
 _SHARED_FIX = "a FusedSwiGLU that also returns the intermediate read elsewhere (Rule.outputs)"
 
@@ -97,6 +101,9 @@ NARROW = Rule(
 
 fuse_swiglu = rule_pass("fuse_swiglu", [DUAL, NARROW],
                         "SwiGLU / GeGLU (dual matmul or packed halves) -> FusedSwiGLU with its gate activation",
-                        product="FusedSwiGLU", recognizes_families=("glu",), listed_for=(("swiglu", ""),))
+                        product="FusedSwiGLU", recognizes_families=("glu",), listed_for=(("swiglu", ""),),
+                        stages=(stage("fuse_swiglu", "gate_views", GATE_VIEWS_PASS),))
+"""Its stage `fuse_swiglu/gate_views` (`rules.gate_views`) moves the identical reshapes of a gated MLP's halves
+(Qwen2-MoE's shared expert as torch.onnx writes it) past the gate product, before `DUAL` and `NARROW` run."""
 
 __all__ = ["DUAL", "NARROW", "fuse_swiglu"]
