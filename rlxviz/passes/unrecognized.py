@@ -12,11 +12,10 @@ matched or rejected (no `Match`/`Rejection` binds, anchors or names any of them)
 * `glu`: an activation whose result multiplies a matmul's of the same shape (a gated linear unit: gate and value
   halves of one width), directly or through identical reshapes of both halves (`gate_views`: Qwen2-MoE's shared
   expert as torch.onnx exports it; a SiLU- or GELU-gated one there is a gap in rlxviz's ops, remedy `compiler
-  only`, `VIEW_GAP_FIX`, since FusedSwiGLU takes the form itself; the stage `fuse_swiglu/gate_views` moves one
-  reshape of each half past the product, so only views it does not take, or a run that switches it off, leave such a
-  finding). An activation broadcast over the other operand
-  (Qwen2-MoE's shared-expert gate `sigmoid(x @ w_g)` `[B, S, 1]` times the expert's `[B, S, H]` output) scales a
-  whole output and is no GLU;
+  only`, `VIEW_GAP_FIX`, since FusedSwiGLU takes the form itself; `fuse_swiglu.viewed_dual_matmul` fuses two
+  matmuls viewed by one reshape each, so only views it does not take leave such a finding). An activation
+  broadcast over the other operand (Qwen2-MoE's shared-expert gate `sigmoid(x @ w_g)` `[B, S, 1]` times the
+  expert's `[B, S, H]` output) scales a whole output and is no GLU;
 * `activation`: an activation written as primitives (`activations.activation_form`: QuickGELU
   `x * sigmoid(1.702 x)`, Swish, squared ReLU), never mistaken for a gate. One that no op computes
   (`activations.has_op`) is a gap in rlxviz's ops, as `canonicalize_exported.activation_op` names it where it runs:
@@ -112,8 +111,8 @@ VIEW_GAP_HINT = (f"{NOTHING_TO_CHANGE}: the model's gated MLP is the form FusedS
 (`gate_views`): a statement (its remedy is `compiler only`)."""
 
 VIEW_GAP_FIX = ("a rule moving these reshapes past the gate product (mul(act(reshape(a)), reshape(b)) -> "
-                "reshape(mul(act(a), b)), as fuse_swiglu/gate_views does for one reshape of each half from one shape "
-                "and dtype); then fuse_swiglu takes it")
+                "reshape(mul(act(a), b)), as fuse_swiglu.viewed_dual_matmul does for two matmuls viewed by one "
+                "reshape each); then fuse_swiglu takes it")
 """The compiler fix of such a GLU; its first clause is the form rlxviz lacks (`why.policy.fix_gap_form`)."""
 
 def _through_views(g: Graph, act: Node, other: Node, mul: Node, views: tuple[int, ...]) -> str:

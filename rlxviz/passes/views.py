@@ -1,7 +1,7 @@
 """The IR's pure views and the GLU whose two halves reach its gate product through identical ones.
 
-Read by the `glu` scan (`unrecognized`), which names such a chain, and by `canonicalize_exported.gate_views`
-(`rules.gate_views`), which moves the reshapes past the product so `fuse_swiglu` sees its own form.
+Read by the `glu` scan (`unrecognized`), which names such a chain, and by `fuse_swiglu.viewed_dual_matmul`
+(`rules.swiglu`), which fuses it.
 """
 
 from __future__ import annotations
