@@ -663,6 +663,8 @@ def _swiglu(dual=True, **kw):
     if dual:
         ids["wg"], ids["wu"] = b.param("wg", (8, 8)), b.param("wu", kw.get("wu_shape", (8, 8)))
         g, u = b.matmul(x, ids["wg"]), b.matmul(x, ids["wu"])
+        if kw.get("views"):  # both products viewed as [8, 8] (fuse_swiglu.viewed_dual_matmul)
+            g, u = b.reshape(g, (8, 8)), b.reshape(u, (8, 8))
     else:
         c = b.matmul(x, b.param("wc", (8, 16)))
         halves = kw.get("halves", (0, 8))
@@ -721,6 +723,8 @@ NEAR_MISSES = [
     (_SDPA, "mask_form", lambda: _sdpa(additive=True), "mask", {}),
     ("fuse_swiglu.dual_matmul", "swiglu_single_use", lambda: _swiglu(reader=True), "silu", {}),
     ("fuse_swiglu.dual_matmul", "weights_match", lambda: _swiglu(wu_shape=(1, 8, 8)), "wu", {}),
+    ("fuse_swiglu.viewed_dual_matmul", "swiglu_single_use", lambda: _swiglu(reader=True, views=True), "silu", {}),
+    ("fuse_swiglu.viewed_dual_matmul", "weights_match", lambda: _swiglu(wu_shape=(1, 8, 8), views=True), "wu", {}),
     ("fuse_swiglu.narrow_pair", "halves_of_last_axis", lambda: _swiglu(False, halves=(0, 4)), "up", {}),
     ("fuse_swiglu.narrow_pair", "swiglu_single_use", lambda: _swiglu(False, reader=True), "silu", {}),
     ("fuse_shared_input_matmul.concat_weights", "merge_keeps_fusions", lambda: _shared("cost"), "fc1", {}),

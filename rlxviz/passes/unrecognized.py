@@ -10,8 +10,12 @@ matched or rejected (no `Match`/`Rejection` binds, anchors or names any of them)
 * `norm`: `reduce_mean` reaching `sqrt`/`rsqrt` within a few users (LayerNorm/RMSNorm statistics);
 * `gelu`: `erf`, or `tanh` whose user adds a constant (`1 + tanh(...)`);
 * `glu`: an activation whose result multiplies a matmul's of the same shape (a gated linear unit: gate and value
-  halves of one width). An activation broadcast over the other operand (Qwen2-MoE's shared-expert gate
-  `sigmoid(x @ w_g)` `[B, S, 1]` times the expert's `[B, S, H]` output) scales a whole output and is no GLU;
+  halves of one width), directly or through identical reshapes of both halves (`gate_views`: Qwen2-MoE's shared
+  expert as torch.onnx exports it; a SiLU- or GELU-gated one there is a gap in rlxviz's ops, remedy `compiler
+  only`, `VIEW_GAP_FIX`, since FusedSwiGLU takes the form itself; `fuse_swiglu.viewed_dual_matmul` fuses two
+  matmuls viewed by one reshape each, so only views it does not take leave such a finding). An activation
+  broadcast over the other operand (Qwen2-MoE's shared-expert gate `sigmoid(x @ w_g)` `[B, S, 1]` times the
+  expert's `[B, S, H]` output) scales a whole output and is no GLU;
 * `activation`: an activation written as primitives (`activations.activation_form`: QuickGELU
   `x * sigmoid(1.702 x)`, Swish, squared ReLU), never mistaken for a gate. One that no op computes
   (`activations.has_op`) is a gap in rlxviz's ops, as `canonicalize_exported.activation_op` names it where it runs:
@@ -27,12 +31,14 @@ from collections import deque
 from dataclasses import dataclass
 
 from ..ir import Graph, Node, Op
+from ..ir.ops import GATE_ACTIVATIONS
 from .activations import OP_GAP_HINT, activation_form, epilogue_blocker, has_op, op_fix
 from .architecture import attention_softmax
 from .declarations import FAMILIES, FINDING, FINDING_QUANTIZATION
-from .refusal_kinds import COMPILER_ONLY, NOT_RECOGNIZED
+from .refusal_kinds import COMPILER_ONLY, NOT_RECOGNIZED, NOTHING_TO_CHANGE
 from .report import MissedFusion
 from .trace import Rejection, Trace, place_label
+from .views import GATED, VIEWS, gate_views
 
 GUARD = "no_rule"
 """The guard name of an unrecognized finding (as `MissedFusion.guard`)."""
@@ -99,6 +105,23 @@ def _const_operand(g: Graph, n: Node) -> bool:
     return any(g[i].op == Op.CONST for i in n.inputs)
 
 
+VIEW_GAP_HINT = (f"{NOTHING_TO_CHANGE}: the model's gated MLP is the form FusedSwiGLU takes; the reshapes between "
+                 "its projections and the gate product hide it from fuse_swiglu's rules; the fix is in the compiler")
+"""The fix line in the model of a SiLU- or GELU-gated GLU whose halves reach the product through identical reshapes
+(`gate_views`): a statement (its remedy is `compiler only`)."""
+
+VIEW_GAP_FIX = ("a rule moving these reshapes past the gate product (mul(act(reshape(a)), reshape(b)) -> "
+                "reshape(mul(act(a), b)), as fuse_swiglu.viewed_dual_matmul does for two matmuls viewed by one "
+                "reshape each); then fuse_swiglu takes it")
+"""The compiler fix of such a GLU; its first clause is the form rlxviz lacks (`why.policy.fix_gap_form`)."""
+
+def _through_views(g: Graph, act: Node, other: Node, mul: Node, views: tuple[int, ...]) -> str:
+    src = next(g[i] for i in reversed(views) if g[i].op not in VIEWS)
+    reshapes = ", ".join(f"%{i}" for i in (*views, other.id) if g[i].op in VIEWS)
+    return (f"{act.op.value} %{act.id} gates {src.op.value} %{src.id} in mul %{mul.id} through reshape(s) "
+            f"{reshapes} (both halves {list(src.shape)} -> {list(other.shape)})")
+
+
 def _signatures(g: Graph) -> list[tuple[str, tuple[int, ...], str]]:
     """`(family, nodes, what)` for every family signature in `g` (an `activation` signature's first node is its
     form's result, `activations.ActivationForm.out`)."""
@@ -122,10 +145,13 @@ def _signatures(g: Graph) -> list[tuple[str, tuple[int, ...], str]]:
                 if activation_form(g, u) is not None:  # x * sigmoid(k x): an activation, not a gate
                     continue
                 other = next((g[i] for i in u.inputs if i != n.id), None) if u.op == Op.MUL else None
-                if other is not None and other.op in (Op.MATMUL, Op.FUSED_MATMUL_BIAS_ACT, Op.NARROW) \
-                        and n.shape == other.shape:  # a gate broadcast over the other's features scales it
+                if other is None or n.shape != other.shape:  # a gate broadcast over the other's features scales it
+                    continue
+                if other.op in GATED:
                     found.append(("glu", (u.id, n.id, other.id), f"{n.op.value} %{n.id} gates {other.op.value} "
                                                                  f"%{other.id} in mul %{u.id}"))
+                elif (views := gate_views(g, n, other)) is not None:
+                    found.append(("glu", (u.id, n.id, other.id, *views), _through_views(g, n, other, u, views)))
         elif n.op == Op.WHERE and any(u.op == Op.SOFTMAX for u in g.users(n.id)):
             sm = next(u for u in g.users(n.id) if u.op == Op.SOFTMAX)
             found.append(("where_mask", (n.id, sm.id), f"where %{n.id} masks the scores of softmax %{sm.id}"))
@@ -169,18 +195,22 @@ def unrecognized(trace: Trace) -> list[Unrecognized]:
     out = []
     claimed: set[int] = set()
     for family, nodes, what in _signatures(g):
-        if touched & set(nodes) or claimed & set(nodes):
+        core = nodes[:3] if family == "glu" else nodes  # a gate's views are read by the rules that made its act
+        if touched & set(core) or claimed & set(nodes):
             continue
         claimed |= set(nodes)
         name, hint = FAMILIES[family]
         form = activation_form(g, g[nodes[0]]) if family == "activation" else None
         gap = form is not None and not has_op(form)  # no op computes it: a gap in rlxviz's ops, not a model change
+        fix = op_fix(form, epilogue_blocker(g, form)) if gap and form is not None else ""
+        if family == "glu" and len(nodes) > 3 and g[nodes[1]].op in GATE_ACTIVATIONS:
+            hint, fix = VIEW_GAP_HINT, VIEW_GAP_FIX  # FusedSwiGLU takes it, but for the views: rlxviz's gap
         out.append(Unrecognized(family, nodes, g[nodes[0]].path,
                                 f"{what} looks like {name} (nodes {', '.join(f'%{i}' for i in nodes)}), but no rule "
                                 f"made it a candidate", OP_GAP_HINT if gap else hint,
-                                COMPILER_ONLY if gap else "",
-                                op_fix(form, epilogue_blocker(g, form)) if gap and form is not None else ""))
+                                COMPILER_ONLY if fix else "", fix))
     return out
 
 
-__all__ = ["FAMILIES", "FINDING", "FINDING_QUANTIZATION", "GUARD", "Unrecognized", "unrecognized"]
+__all__ = ["FAMILIES", "FINDING", "FINDING_QUANTIZATION", "GUARD", "VIEW_GAP_FIX", "VIEW_GAP_HINT", "Unrecognized",
+           "unrecognized"]
