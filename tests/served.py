@@ -181,6 +181,17 @@ def choose_preset(pg: Page, name: str) -> None:
     idle(pg)
 
 
+def open_path(pg: Page, path: Path | str, says: str) -> None:
+    """Open the model at `path` (under the server's allowed folders) through the sidebar's Folder source, wait until
+    the message names it (`says`) and no job runs."""
+    open_sidebar(pg)
+    pg.get_by_role("button", name="Folder").click()
+    pg.locator(".rv-path input").fill(str(path))
+    pg.get_by_role("button", name="Load path").click()
+    expect(pg.locator(".rv-message")).to_contain_text(says, timeout=3 * WAIT_MS)
+    idle(pg)
+
+
 def close_inspector(pg: Page) -> None:
     """Close the node drawer (it covers the after pane's right edge while open)."""
     pg.locator(".rv-inspector-close button").click()

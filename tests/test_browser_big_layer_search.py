@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from playwright.sync_api import expect
-from served import WAIT_MS, browser_fixture, idle, open_sidebar, server_fixture, watched_page
+from served import WAIT_MS, browser_fixture, idle, open_path, server_fixture, watched_page
 
 pytestmark = pytest.mark.slow
 expect.set_options(timeout=WAIT_MS)
@@ -34,12 +34,7 @@ def _centred(pg, pane: str, key: str) -> bool:
 def test_enter_on_a_hit_in_a_big_folded_layer_draws_and_centres_it(browser, server):
     with watched_page(browser, server[0], 1600, 1000) as pg:
         idle(pg)
-        open_sidebar(pg)
-        pg.get_by_role("button", name="Folder").click()
-        pg.locator(".rv-path input").fill(str(ZOO / "convbert.qdq.onnx"))
-        pg.get_by_role("button", name="Load path").click()
-        expect(pg.locator(".rv-message")).to_contain_text("convbert", timeout=3 * WAIT_MS)
-        idle(pg)
+        open_path(pg, ZOO / "convbert.qdq.onnx", "convbert")
         sel = pg.locator(".rv-version select")
         sel.select_option(value=sel.locator("option").nth(0).get_attribute("value"))
         idle(pg)
@@ -76,12 +71,7 @@ def test_the_linked_before_pane_shows_the_layer_a_hit_opens(browser, server):
     again in the new picture (graphpane.js `follow`)."""
     with watched_page(browser, server[0], 1600, 1000) as pg:
         idle(pg)
-        open_sidebar(pg)
-        pg.get_by_role("button", name="Folder").click()
-        pg.locator(".rv-path input").fill(str(ZOO / "ernie.qdq.onnx"))
-        pg.get_by_role("button", name="Load path").click()
-        expect(pg.locator(".rv-message")).to_contain_text("quantized", timeout=3 * WAIT_MS)
-        idle(pg)
+        open_path(pg, ZOO / "ernie.qdq.onnx", "quantized")
         sel = pg.locator(".rv-version select")
         sel.select_option(value=sel.locator("option").last.get_attribute("value"))
         idle(pg)

@@ -115,6 +115,7 @@ VIEW_GAP_FIX = ("a rule moving these reshapes past the gate product (mul(act(res
                 "reshape each); then fuse_swiglu takes it")
 """The compiler fix of such a GLU; its first clause is the form rlxviz lacks (`why.policy.fix_gap_form`)."""
 
+
 def _through_views(g: Graph, act: Node, other: Node, mul: Node, views: tuple[int, ...]) -> str:
     src = next(g[i] for i in reversed(views) if g[i].op not in VIEWS)
     reshapes = ", ".join(f"%{i}" for i in (*views, other.id) if g[i].op in VIEWS)
