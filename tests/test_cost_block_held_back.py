@@ -110,9 +110,11 @@ def test_cohere_chip_tooltip_says_why_the_matmul_was_left_out():
     (`left out matmul (node 238, model.layers.0.mlp)`) but not why; it now carries the cost the table and `explain
     -v` say, made from the same record (`Rejection.costs`, `block_cost_in_context`): the block the interleaved RoPE
     gap holds back."""
+    from costwords import cost_reason
+
     from rlxviz.app.panels import not_near_miss_mark
     from rlxviz.passes.guard import DOES_NOT_PAY
-    from rlxviz.passes.why.places import cost_reason, places
+    from rlxviz.passes.why.places import places
 
     t = _cohere()
     declined = _declined(t)
@@ -133,8 +135,10 @@ def test_the_words_are_made_from_the_recorded_costs_not_read_back(monkeypatch):
     no cost at all) still says the same cost: nothing parses the words back."""
     from dataclasses import replace
 
+    from costwords import cost_reason
+
     from rlxviz.passes.report import block_cost_in_context, left_out_line
-    from rlxviz.passes.why.places import cost_reason, own_item, places
+    from rlxviz.passes.why.places import own_item, places
 
     t = Pipeline.canonical().run(parallel_block("rope", False, None))
     ((k, r),) = _declined(t)

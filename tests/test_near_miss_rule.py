@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 from clirun import run as cli_run
+from costwords import cost_reason
 
 from rlxviz.app.derived import not_near_misses, refusals, step_places
 from rlxviz.app.jobs import Runner
@@ -29,7 +30,7 @@ from rlxviz.passes.guard import DOES_NOT_PAY, MODEL_TERM, NOT_PROFITABLE, near_m
 from rlxviz.passes.pattern import describe
 from rlxviz.passes.report import in_context
 from rlxviz.passes.trace import place_label
-from rlxviz.passes.why.places import cost_reason, places
+from rlxviz.passes.why.places import places
 from rlxviz.passes.why.policy import NOT_EXPECTED_HERE, NOT_EXPECTED_WHY
 from rlxviz.passes.why.standing import standing
 from rlxviz.passes.why.verdict import OP_GAP_GROUP, RunVerdict

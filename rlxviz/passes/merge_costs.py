@@ -2,8 +2,8 @@
 
 The rule records each left-out member's cost on its refusal (`trace.Rejection.costs`), and every view words it
 from that record: the refusal's own message (`MergeCosts.message`), `explain`'s message in context, which names what
-holds a protected attention block back (`report.block_cost_in_context`), and the chip item's reason
-(`why.places.cost_reason`). None of them reads the words back.
+holds a protected attention block back (`report.block_cost_in_context`), which the chip item says whole
+(`why.places.own_item`). None of them reads the words back.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ from types import MappingProxyType
 from ...ir.identity import IdentityMap
 from ..explain import Outcome, explain
 from ..refusal_kinds import DOES_NOT_PAY, MODEL_TERM, NOT_A_CANDIDATE
-from ..report import block_in_context, in_context, left_out_message, name_users_nodes
+from ..report import in_context, left_out_message
 from ..trace import Rejection, Trace, place_label
 from .caveat import model_fix_note
 from .facts import RunFacts
@@ -108,16 +108,6 @@ def own_item(r: Rejection, trace: Trace | None = None) -> str:
     falcon's declined merges dropped the message's last clause (`fewer than 2 matmuls would be left to merge`)."""
     message = left_out_message(trace, r) if trace is not None else r.message
     return f"{place_label(r.anchor, r.path, with_node=True)}: {r.rule} ({r.guard}): {message}"
-
-
-def cost_reason(trace: Trace, r: Rejection) -> str:
-    """Why the cost test's refusal `r` of `trace` left its nodes out, from the costs it recorded (`r.costs`) as
-    `explain` words them in context (`report.block_cost_in_context`: what holds a protected attention block back,
-    with `report.name_users_nodes`): each member's `it would cost ...`, joined by "; "; "" for a refusal that
-    records no costs: the part of the refusal's message (`own_item`) each cost makes."""
-    if r.costs is None:
-        return ""
-    return name_users_nodes(trace, r.costs.reason(lambda c: block_in_context(trace, c)))
 
 
 def step_refusals(trace: Trace, step: int) -> tuple[Rejection, ...]:
