@@ -6,7 +6,7 @@ terms ...: model.encoder.block.0.layer.0.SelfAttention, ...": no node, no reason
 head`, and every other chip's tooltip names nodes and reasons. The places that were said by scope alone were every
 place whose reason is its refusal's own (the model's own term, a lookalike, a merge the cost test declined that left
 no other node out): each now reads `%ANCHOR (PATH): RULE (GUARD): MESSAGE` from the refusal `explain` lists
-(`places.own_item`, `report.left_out_message`). Checked against the CLI's own lines: t5.encdec (a relative position
+(`places.own_item`, `report.block_cost_in_context`). Checked against the CLI's own lines: t5.encdec (a relative position
 bias) and swin.dynamo-sdpa (another architecture, a vision model whose bias is a parameter).
 """
 

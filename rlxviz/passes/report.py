@@ -452,17 +452,12 @@ def left_out_rejections(trace: Trace, layers: Collection[int] | None = None) -> 
     return sorted(rows, key=lambda r: key(r.layer, r.anchor))  # stable: pass order between places of one anchor
 
 
-def left_out_message(trace: Trace, r: Rejection) -> str:
-    """The reason `left_out_line` gives the rejection `r` of `trace`: its message, a protected attention block that
-    did not form named as what holds it back (`block_cost_in_context`, as `in_context` words it for the app). The
-    app's chips say a place that keeps the model's own term (or is a lookalike) with it (`why.places.own_item`)."""
-    return block_cost_in_context(trace, r)
-
-
 def left_out_line(trace: Trace, r: Rejection) -> str:
-    """One line of `left_out`: `RULE @ %ANCHOR (PATH): GUARD [KIND]: MESSAGE` (`left_out_message`)."""
+    """One line of `left_out`: `RULE @ %ANCHOR (PATH): GUARD [KIND]: MESSAGE`, a protected attention block that did
+    not form named as what holds it back (`block_cost_in_context`, as `in_context` words it for the app; the app's
+    chips say the same line's place and message, `why.places.own_item`)."""
     place = place_label(r.anchor, r.path, with_node=True)
-    return f"{r.rule} @ {place}: {r.guard} [{r.kind}]: {left_out_message(trace, r)}"
+    return f"{r.rule} @ {place}: {r.guard} [{r.kind}]: {block_cost_in_context(trace, r)}"
 
 
 def left_out(trace: Trace, layers: Collection[int] | None = None) -> list[str]:
@@ -487,6 +482,6 @@ def format_report(trace: Trace) -> str:
 
 
 __all__ = ["MissedFusion", "block_cost_in_context", "block_in_context", "fix_line", "format_report", "in_context",
-           "left_out", "left_out_line", "left_out_message", "left_out_rejections", "missed_fusions", "taken_by",
+           "left_out", "left_out_line", "left_out_rejections", "missed_fusions", "taken_by",
            "taken_later",
            "taken_places"]

@@ -13,7 +13,7 @@ from types import MappingProxyType
 from ...ir.identity import IdentityMap
 from ..explain import Outcome, explain
 from ..refusal_kinds import DOES_NOT_PAY, MODEL_TERM, NOT_A_CANDIDATE
-from ..report import in_context, left_out_message
+from ..report import block_cost_in_context, in_context
 from ..trace import Rejection, Trace, place_label
 from .caveat import model_fix_note
 from .facts import RunFacts
@@ -102,11 +102,11 @@ def own_item(r: Rejection, trace: Trace | None = None) -> str:
     merge the cost test declined, whose message names each matmul it left out and what merging it would cost), named
     as `explain` lists it (`report.left_out_line`):
     its node and path, `%ANCHOR (PATH)`, its rule and guard, then the refusal's message as the text says it
-    (`report.left_out_message` in `trace`; without one, the message as recorded), e.g. `%39
+    (`report.block_cost_in_context` in `trace`; without one, the message as recorded), e.g. `%39
     (model.encoder.block.0.layer.0.SelfAttention): fuse_sdpa.hf_attention (mask_model_term): additive score term kept
     as the attention's operand: ...`. t5's ○4 after fuse_sdpa listed its four layer scopes alone: no node, no why;
     falcon's declined merges dropped the message's last clause (`fewer than 2 matmuls would be left to merge`)."""
-    message = left_out_message(trace, r) if trace is not None else r.message
+    message = block_cost_in_context(trace, r) if trace is not None else r.message
     return f"{place_label(r.anchor, r.path, with_node=True)}: {r.rule} ({r.guard}): {message}"
 
 
