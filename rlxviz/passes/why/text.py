@@ -122,9 +122,10 @@ _LEFT_OUT_HEADINGS = {
                           "nothing to fix in the model, not a near-miss)",
                           "refusals not expected of their layers (their kinds do not expect the fusions with rlxviz's "
                           "ops: nothing to fix in the model, not near-misses)"),
-    OP_GAP_GROUP: (f"refusal at a gap in rlxviz's ops ({GAP_IS_THE_COMPILERS}, not a near-miss)",
-                   "refusals at gaps in rlxviz's ops (compiler fixes, nothing in the model to change, not "
-                   "near-misses)"),
+    # whether the fix alone is enough is the place's own (`compiler_fix_words`), never the heading's (newcomer run 37:
+    # glm's tooltip head said "alone it is not enough", its heading "nothing in the model to change")
+    OP_GAP_GROUP: ("refusal at a gap in rlxviz's ops (a compiler fix, not a near-miss)",
+                   "refusals at gaps in rlxviz's ops (compiler fixes, not near-misses)"),
     "illegal here": ("refusal illegal for its layer (the layer is fused as far as legal, not a near-miss)",
                      "refusals illegal for their layers (the layers are fused as far as legal, not near-misses)"),
     TAKEN_LATER_GROUP: ("refusal whose candidate a later fusion took (not a near-miss, nor a gap in rlxviz's ops: "
