@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 from clirun import file_inputs
 from test_mask_combinations import _old_operand, chunked_attention, weights_for
+from zoo_sample import zoo_files
 
 from rlxviz.cli import main
 from rlxviz.ir import Builder, DType, Graph, format_graph
@@ -170,7 +171,8 @@ def test_a_graph_without_a_mask_input_is_checked_when_a_pass_claims_exactness():
 
 def _fixtures() -> list[Path]:
     onnx = TESTS / "fixtures" / "onnx"
-    return sorted(p for p in [*onnx.glob("*.onnx"), *(onnx / "cases").glob("*.onnx"), *(onnx / "zoo").glob("*.onnx")]
+    # of the zoo every architecture and form (`zoo_sample`; every file with RLXVIZ_SWEEP=all)
+    return sorted(p for p in [*onnx.glob("*.onnx"), *(onnx / "cases").glob("*.onnx"), *zoo_files()]
                   if p.stem != "minilm")  # minilm.onnx keeps its weights in a file not in the fixtures
 
 

@@ -5,7 +5,9 @@ guard, fix), each of its misses (rule, guard) and its fused ops (op, pass, how m
 first and last id: the text groups more than 3 of a kind, `--json` lists each).
 
 Checked on every preset and a sample of the handed cases (`tests/data/cases`, copies of `../shared/cases`), of the
-ONNX fixtures and of the zoo; the slow sweeps check the rest, so `make test` checks every file once.
+ONNX fixtures and of the zoo; the slow sweeps check the rest, so `make test` checks every handed case, ONNX fixture
+and ORT-optimized file once, and of the zoo every architecture and form (`zoo_sample`; every file with
+`RLXVIZ_SWEEP=all`).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from pathlib import Path
 import pytest
 from clirun import file_inputs
 from clirun import run as cli_run
+from zoo_sample import zoo_files
 
 from rlxviz import session
 from rlxviz.app.derived import version_rows
@@ -40,8 +43,11 @@ ROOT = Path(__file__).parent
 HANDED = sorted((ROOT / "data" / "cases").glob("*.rlx"))
 FIXTURES = [ROOT / "fixtures" / "onnx" / f"{n}.onnx" for n in ("bert", "gpt2", "llama", "vit")] + sorted(
     (ROOT / "fixtures" / "onnx" / "cases").glob("*.onnx"))
-ZOO = sorted((ROOT / "fixtures" / "onnx" / "zoo").glob("*.onnx")) + sorted(
-    (ROOT / "fixtures" / "onnx" / "ortopt").glob("*.onnx"))
+ORTOPT = sorted((ROOT / "fixtures" / "onnx" / "ortopt").glob("*.onnx"))
+ZOO = sorted((ROOT / "fixtures" / "onnx" / "zoo").glob("*.onnx")) + ORTOPT
+ZOO_SWEPT = zoo_files() + ORTOPT
+"""The zoo files `make test` checks: every architecture in its rarest form and every form (`zoo_sample`, 56 of the
+zoo's 138; all with `RLXVIZ_SWEEP=all`), and every ORT-optimized file."""
 HANDED_SAMPLE = [p for p in HANDED if p.stem in (
     "03e-wrong-factor", "esm-like-q-scaled-before-rope", "gelu-erf-wrong-const-bert", "n3-08x-folded-bias-not-liftable",
     "n4-06-deepnorm-residual", "n4-09-dequant-scale-after-matmul", "n4-13-cross-layer-kv-sharing",
@@ -417,8 +423,9 @@ def test_preset_every_form_one_verdict(capsys, monkeypatch, name):
 
 
 ONNX_SAMPLE = FIXTURES_SAMPLE + ZOO_SAMPLE
-ONNX_REST = [p for p in FIXTURES + ZOO if p not in ONNX_SAMPLE]
-"""The fixtures and zoo files the sample leaves out: with the sample (the fast tier), the sweep checks each once."""
+ONNX_REST = [p for p in FIXTURES + ZOO_SWEPT if p not in ONNX_SAMPLE]
+"""The fixtures and swept zoo files the sample leaves out: with the sample (the fast tier), the sweep checks each
+once."""
 
 
 def _onnx(capsys, monkeypatch, path: Path) -> None:
@@ -469,7 +476,9 @@ def test_an_uploaded_onnx_file_every_view_one_verdict(capsys, monkeypatch, path)
 
 def test_the_samples_and_the_sweeps_cover_every_file_once():
     assert sorted(HANDED_SAMPLE + HANDED_REST) == HANDED and len(HANDED_SAMPLE) == 10
-    assert sorted(ONNX_SAMPLE + ONNX_REST) == sorted(FIXTURES + ZOO) and len(ONNX_SAMPLE) == 8
+    assert sorted(ONNX_SAMPLE + ONNX_REST) == sorted(set(FIXTURES + ZOO_SWEPT + ONNX_SAMPLE)) and len(ONNX_SAMPLE) == 8
+    assert {p.stem.split(".")[0] for p in ZOO_SWEPT} == {p.stem.split(".")[0] for p in ZOO}  # every architecture
+    assert {p.stem.split(".", 1)[1] for p in ZOO_SWEPT} == {p.stem.split(".", 1)[1] for p in ZOO}  # every form
 
 
 def test_a_miss_only_in_json_fails_the_parity_check():
