@@ -172,6 +172,9 @@ FIXTURE_SWEEPS: dict[str, str] = {
         "test_an_additive_score_term_that_packs_is_named_by_its_kind",
         "test_swins_window_padding_is_an_ir_pad_that_runs_on_mlx",
         "test_albert_s_one_layer_module_called_twice_is_two_layers_that_each_fuse")},
+    **{f"test_onnx_origin_remade.py::{t}": "the file's module cache (`_run`)" for t in (
+        "test_the_merged_matmul_names_the_shared_gate_up_gemms_and_swiglu_does_not",
+        "test_every_onnx_node_the_search_finds_in_a_node_its_inspector_lists")},
 }
 """`file::test` of the tests parametrized by one ONNX fixture (id: the file's name or stem) that load it, with what
 they load. Under `--dist loadgroup` the tests of one fixture are one unit (`work_unit`), run one after another on one

@@ -98,9 +98,12 @@ def onnx_claims(n: Node, onnx_nodes: Mapping[int, tuple[str, str, str]] | None, 
       it the match's list, which is the product's. So esm's attention, which absorbed the transposes after its ropes,
       claims its MatMuls and Softmax, not the rotation the ropes still compute; and such an `n` claims nothing (one
       that re-makes part of the list, `qkv_columns`' new rope, claims that part);
-    * a node another live node of `live` absorbed nearer: itself, where `n` reached it through an earlier fusion, or
-      in a shorter list than `n`'s own, or one as long made after it (`fuse_shared_input_matmul`'s merged matmul
-      holds the match's matmuls and bias adds, its merged bias add the adds: the adds are the add's).
+    * a node another live node of `live` replaced nearer (`passes.made.replaced`): itself, where `n` reached it
+      through an earlier fusion, or in a shorter list than `n`'s own, or one as long made after it
+      (`fuse_shared_input_matmul`'s merged matmul holds the match's matmuls and bias adds, its merged bias add the
+      adds: the adds are the add's). A node only listed by another live node, not replaced by it, stays `n`'s:
+      qwen2-moe's merged matmul %345 claims the shared expert's gate/up Gemms through matmul %328, which
+      `fuse_swiglu.viewed_dual_matmul` re-made of them beside FusedSwiGLU %329, whose list still names them.
     The first level is `passes.made.replaced`, what the drawing counts as the node's "absorbed N".
 
     Args:
@@ -121,8 +124,15 @@ def onnx_claims(n: Node, onnx_nodes: Mapping[int, tuple[str, str, str]] | None, 
     first = replaced(n, live, beside, versions) if live is not None else () if copy(n.id) else n.absorbed
     direct = absorbers(live) if live is not None else {}
 
-    def nearer(i: int) -> bool:  # reached through an earlier fusion: another live node's that absorbed it itself
-        return any(m != n.id and not copy(m) for _, m in direct.get(i, ()))
+    own: dict[int, tuple[int, ...]] = {}  # live node -> what it replaced itself, read once
+
+    def nearer(i: int) -> bool:  # reached through an earlier fusion: another live node's that replaced it itself
+        for _, m in direct.get(i, ()):
+            if m != n.id and m not in own and live is not None:
+                own[m] = replaced(live[m], live, beside, versions)
+            if m != n.id and i in own.get(m, ()):
+                return True
+        return False
 
     found: set[int] = set()
     seen: set[int] = {n.id}

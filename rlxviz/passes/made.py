@@ -147,7 +147,12 @@ def replaced(n: Node, live: Graph, beside: Mapping[int, Beside], versions: Graph
     * another live node of `live` that is no copy absorbed it in a shorter list: the nearer one replaced it
       (`qkv_columns`' new rope the old rope, `fuse_swiglu.dual_matmul`'s packed matmul its MatMuls,
       `fuse_shared_input_matmul`'s merged bias add the adds); of two such lists of one length, the later node's
-      (a match's product is made after what it reads).
+      (a match's product is made after what it reads);
+    * a node the same match made beside `n` (or `n`'s product beside which `n` was made) that is no copy re-made it
+      in a nearer list, as above, and has left `live` since (`remade_beside`): what a node replaced is its for good,
+      and goes on to whatever later absorbed it. qwen2-moe's shared-expert FusedSwiGLU %329 never replaced the
+      gate/up Gemms `fuse_swiglu.viewed_dual_matmul` re-made beside it as matmul %328, also once
+      `fuse_shared_input_matmul` merged %328 into matmul %345 (newcomer run 38: the inspector listed them in %329).
     So no id is replaced by two live nodes of a version, and a match's nodes together replace the nodes it removed.
 
     Args:
@@ -169,7 +174,49 @@ def replaced(n: Node, live: Graph, beside: Mapping[int, Beside], versions: Graph
         return any(m != n.id and (size, -order.get(m, -1)) < (mine[0], -mine[1])
                    and not is_copy(m, beside, live, versions) for size, m in direct.get(i, ()))
 
-    return tuple(i for i in n.absorbed if i not in live and not nearer(i))
+    gone = remade_beside(n, live, beside, versions)
+    return tuple(i for i in n.absorbed if i not in live and not nearer(i) and i not in gone)
+
+
+def remade_beside(n: Node, live: Graph, beside: Mapping[int, Beside], versions: Graph | None) -> dict[int, int]:
+    """Each id of `n.absorbed` that a node made with `n` by one match and gone from `live` re-made itself -> that
+    node's id (`replaced`'s last case): a node made beside `n`, or `n`'s product and the nodes made beside it when
+    `n` was made beside one, each no copy (`is_copy`), read in `versions` (every node of the run), whose list is
+    nearer than `n`'s: shorter, or as long and made later (a larger id). qwen2-moe's FusedSwiGLU %329 -> {91: 328,
+    96: 328} once matmul %328 is merged into %345. {} without `versions` or for a node made with none."""
+    if versions is None or not n.absorbed:
+        return {}
+    out: dict[int, int] = {}
+    mine = (len(n.absorbed), -n.id)
+    for m in _made_with(n.id, beside):
+        node = versions.get(m)
+        if (m == n.id or m in live or node is None or (len(node.absorbed), -m) >= mine
+                or is_copy(m, beside, versions)):
+            continue
+        for i in node.absorbed:
+            if i in n.absorbed:
+                out.setdefault(i, m)
+    return out
+
+
+_MADE_WITH: list[tuple[Mapping[int, Beside], dict[int, tuple[int, ...]]]] = []
+"""The last few `beside` mappings read (by identity: `made_in_run`'s is one per run) -> product id -> the ids made
+beside it (`_made_with`)."""
+
+
+def _made_with(i: int, beside: Mapping[int, Beside]) -> tuple[int, ...]:
+    """The ids made by one match with node `i`: the product and every node made beside it, where `i` is either
+    (`beside`: `made_in_run`); () for a node made with none."""
+    index = next((ix for b, ix in _MADE_WITH if b is beside), None)
+    if index is None:
+        found: dict[int, list[int]] = {}
+        for j, b in beside.items():
+            found.setdefault(b.product, []).append(j)
+        index = {p: (p, *js) for p, js in found.items()}
+        _MADE_WITH.insert(0, (beside, index))
+        del _MADE_WITH[4:]
+    b = beside.get(i)
+    return index.get(b.product if b is not None else i, ())
 
 
 @dataclass(frozen=True)
@@ -182,7 +229,7 @@ class Credit:
             old attention %216.
         remade: each id a node the same step made beside `p` replaced itself -> that node: the QKV projection %218
             and the ropes %194, %199 -> %231, %233, %235 (`qkv_columns`), llama's MatMuls %71, %75 -> the packed
-            matmul %191 (`fuse_swiglu.dual_matmul`).
+            matmul %191 (`fuse_swiglu.dual_matmul`); such a node gone from `live` since, too (`remade_beside`).
         kept: ids still live in `live`, copied into `p` and kept for their other readers (`fuse_sdpa.head_layout`'s
             shared reshape and transpose).
     """
@@ -197,12 +244,12 @@ def credit(p: Node, live: Graph, beside: Mapping[int, Beside], versions: Graph |
     falls in one of its three parts, `replaced` where no other node of `live` replaced it itself."""
     mine = replaced(p, live, beside, versions)
     kept = tuple(i for i in p.absorbed if i in live)
-    direct, remade = absorbers(live), {}
+    direct, remade, gone = absorbers(live), {}, remade_beside(p, live, beside, versions)
     for i in p.absorbed:
         if i in mine or i in live:
             continue
         by = next((m for _, m in direct.get(i, ()) if m != p.id and i in replaced(live[m], live, beside, versions)),
-                  None)
+                  gone.get(i))
         if by is not None:
             remade[i] = by
     rest = tuple(i for i in p.absorbed if i not in kept and i not in remade)
