@@ -31,11 +31,16 @@ def test_an_ir_file_by_path_shows_what_its_pasted_text_shows(monkeypatch):
     in_this_process(monkeypatch)
     monkeypatch.setenv(ALLOWED_DIRS_ENV, str(CASE.parent))
     by_path = tiny()
-    _open(ModelControls(state=by_path), str(CASE))
+    mc = ModelControls(state=by_path)
+    _open(mc, str(CASE))
     assert by_path.message_kind == "info" and by_path.model.name == "chunked_attention_llama4", by_path.message
     assert by_path.model.meta["ir_file"] == str(CASE.resolve())  # read by the CLI's loader
     pasted = tiny()
+    pc = ModelControls(state=pasted)
     pasted.param.update(ir_text=CASE.read_text(), source="ir")
+    for w in ("batch", "seq", "dims", "text", "style"):  # shapes are the file's own, as the pasted text's
+        assert getattr(mc, w).disabled and getattr(pc, w).disabled, w
+    assert mc.shape_note.object == pc.shape_note.object != ""
     assert format_graph(by_path.model.graph) == format_graph(pasted.model.graph)
     assert format_graph(by_path.trace.final) == format_graph(pasted.trace.final)
     assert by_path.verdict() == pasted.verdict()
