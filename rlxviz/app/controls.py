@@ -84,7 +84,7 @@ class ModelControls(Viewer):
         self._syncing = False
         s.param.watch(self._follow_preset, ["preset", "source", "model"])
         roots = allowed_dirs()
-        self.folder = pn.widgets.TextInput(name="Checkpoint folder, .onnx or IR text file (a path on the server)",
+        self.folder = pn.widgets.TextInput(name="Folder, .onnx or IR file (a path on the server)",
                                            value=s.checkpoint_dir, css_classes=["rv-path"],
                                            placeholder=str(roots[0]) if roots else f"disabled: set {ALLOWED_DIRS_ENV}",
                                            sizing_mode="stretch_width")
