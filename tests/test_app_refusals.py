@@ -132,8 +132,8 @@ def test_a_refused_upload_names_both_ways_to_upload_and_the_model_still_shown(fi
     assert s.model.name == "bert-tiny"
 
 
-@pytest.mark.parametrize("typed, said", [("notes.txt", "neither a checkpoint folder nor an .onnx file"),
-                                         ("graph.ir", "neither a checkpoint folder nor an .onnx file"),
+@pytest.mark.parametrize("typed, said", [("notes.md", "neither a checkpoint folder, an .onnx file nor an IR text file"),
+                                         ("data.zip", "neither a checkpoint folder, an .onnx file nor an IR text file"),
                                          ("empty", "a folder without config.json"),
                                          ("exports", "(it holds m.onnx: type that file's path)")])
 def test_a_path_that_is_neither_a_checkpoint_folder_nor_an_onnx_file_names_both(monkeypatch, tmp_path: Path,
@@ -145,8 +145,8 @@ def test_a_path_that_is_neither_a_checkpoint_folder_nor_an_onnx_file_names_both(
     (root / "empty").mkdir(parents=True)
     (root / "exports").mkdir()
     (root / "exports" / "m.onnx").write_bytes(b"")
-    (root / "notes.txt").write_text("hello")
-    (root / "graph.ir").write_text(SMALL_IR)
+    (root / "notes.md").write_text("hello")
+    (root / "data.zip").write_bytes(b"PK")
     monkeypatch.setenv(ALLOWED_DIRS_ENV, str(root))
     s = tiny(selected_layer=0)
     why, mc = WhyView(state=s), ModelControls(state=s)
@@ -154,5 +154,6 @@ def test_a_path_that_is_neither_a_checkpoint_folder_nor_an_onnx_file_names_both(
     _open(mc, str(root / typed))
     assert s.message_kind == "danger" and said in s.message, s.message
     assert "checkpoint folder" in s.message and ".onnx file" in s.message and str(root) in s.message, s.message
+    assert "IR text file (.ir, .rlx, .txt)" in s.message, s.message  # newcomer run 38: the box opens those too
     assert s.message.endswith("Still showing bert-tiny.") and s.model.name == "bert-tiny" and s.trace is trace
     _unmarked(s, why)

@@ -9,6 +9,7 @@ import pytest
 from rlxviz.app.jobs import Runner
 from rlxviz.app.sources import (
     ALLOWED_DIRS_ENV,
+    IR_SUFFIXES,
     MAX_IR_CHARS,
     SourceError,
     allowed_dirs,
@@ -44,7 +45,8 @@ def test_checkpoint_dir_needs_a_path(tmp_path):
 
 def test_every_path_box_message_names_a_checkpoint_folder_and_an_onnx_file(tmp_path):
     """Issue 39: the path box's help and refusals named a checkpoint folder only; an .onnx file (its external data
-    beside it) under the allowed folders opens too. Each message names both; what opens is not refused."""
+    beside it) under the allowed folders opens too. Each message names both (a refusal of the box, the IR text file
+    it opens as well); what opens is not refused."""
     from rlxviz.app.sources import where_big_files
 
     (tmp_path / "empty").mkdir()
@@ -56,14 +58,16 @@ def test_every_path_box_message_names_a_checkpoint_folder_and_an_onnx_file(tmp_p
     (tmp_path / "weights.zip").write_bytes(b"PK")
     said = [where_big_files([]), where_big_files([tmp_path])]
     for call in (lambda: check_checkpoint_dir("/x", []), lambda: check_checkpoint_dir(" ", [tmp_path]),
-                 *(lambda n=n: check_path_kind(str(tmp_path / n), [tmp_path]) for n in ("notes.txt", "weights.zip",
-                                                                                      "empty", "w.pt"))):
+                 *(lambda n=n: check_path_kind(str(tmp_path / n), [tmp_path]) for n in ("weights.zip", "empty",
+                                                                                      "w.pt"))):
         with pytest.raises(SourceError) as e:
             call()
         said.append(str(e.value))
     for text in said:
         assert "checkpoint folder" in text and ".onnx file" in text, text
-    for ok in ("ckpt", "ckpt/config.json", "m.onnx"):
+    for text in said[2:]:  # newcomer run 38: the box's own refusals name the IR text file it opens too
+        assert "IR text file (.ir, .rlx, .txt)" in text, text
+    for ok in ("ckpt", "ckpt/config.json", "m.onnx", "notes.txt"):
         check_path_kind(str(tmp_path / ok), [tmp_path])
 
 
@@ -203,7 +207,8 @@ def test_no_eval_or_pickle_in_app():
 ])
 def test_upload_and_path_box_say_where_a_wrong_kind_goes(tmp_path, name, goes):
     """The Upload source and the path box given a file of another kind (inputs, IR text, external data) say where
-    its kind goes instead, in the drop zone's words (`dropped_elsewhere`); they said only what they take."""
+    its kind goes instead, in the drop zone's words (`dropped_elsewhere`); they said only what they take. The path
+    box takes an IR text file."""
     from rlxviz.app.sources import check_upload, dropped_elsewhere
 
     assert goes in dropped_elsewhere([name])  # the one wording the three share
@@ -214,6 +219,9 @@ def test_upload_and_path_box_say_where_a_wrong_kind_goes(tmp_path, name, goes):
         check_upload({"m.onnx": b"x", name: b"x"}, limit=1000)
     assert goes in str(up2.value)
     (tmp_path / name).write_bytes(b"x")
+    if name.endswith(IR_SUFFIXES):  # newcomer run 38: the path box opens an IR text file itself, as the CLI does
+        assert check_path_kind(str(tmp_path / name), [tmp_path]) is None
+        return
     with pytest.raises(SourceError) as box:
         check_path_kind(str(tmp_path / name), [tmp_path])
     assert goes in str(box.value) and "checkpoint folder" in str(box.value)

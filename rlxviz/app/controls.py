@@ -84,7 +84,7 @@ class ModelControls(Viewer):
         self._syncing = False
         s.param.watch(self._follow_preset, ["preset", "source", "model"])
         roots = allowed_dirs()
-        self.folder = pn.widgets.TextInput(name="Checkpoint folder or .onnx file (a path on the server)",
+        self.folder = pn.widgets.TextInput(name="Folder, .onnx or IR file (a path on the server)",
                                            value=s.checkpoint_dir, css_classes=["rv-path"],
                                            placeholder=str(roots[0]) if roots else f"disabled: set {ALLOWED_DIRS_ENV}",
                                            sizing_mode="stretch_width")
@@ -144,7 +144,7 @@ class ModelControls(Viewer):
                                                         rows=3, auto_grow=True, max_rows=8,
                                                         sizing_mode="stretch_width", css_classes=["rv-text"])
         self.shape_note = pn.pane.Markdown("", styles={"font-size": "12px"}, css_classes=["rv-shape-note"])
-        s.param.watch(self._follow_source, "source")
+        s.param.watch(self._follow_source, ["source", "checkpoint_dir"])
         s.param.watch(self._mark_ir_error, "ir_error")
         self._follow_source()
         self._follow_preset()
@@ -214,11 +214,11 @@ class ModelControls(Viewer):
                     "or press Show." if other else ""), visible=other)
 
     def _follow_source(self, *_: object) -> None:
-        """Show the loaded source's controls; shapes and text do not apply to IR text (its shapes are written
-        in it)."""
+        """Show the loaded source's controls; shapes and text do not apply to IR text, pasted or an IR text file
+        typed in the path box (its shapes are written in it)."""
         s = self.state
         self.source.value = self.shown = s.source
-        ir = s.source == "ir"
+        ir = s.source == "ir" or (s.source == "checkpoint" and s.checkpoint_dir.strip().lower().endswith(IR_SUFFIXES))
         for w in (self.batch, self.seq, self.dims, self.text, self.style):
             w.disabled = ir
         self.shape_note.object = ("*Batch, sequence length, style and text do not apply to IR text: its shapes "

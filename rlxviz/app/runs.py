@@ -135,7 +135,7 @@ class Runs:
             roots = check_checkpoint_dir(s.checkpoint_dir, allowed_dirs())
             where = resolve_in_roots(s.checkpoint_dir, roots)
             check_in_roots(where, roots)  # refused here, before the load: not a failed load (`_failed`)
-            check_path_kind(where, roots)  # neither a checkpoint folder nor an .onnx file: refused, naming both
+            check_path_kind(where, roots)  # no checkpoint folder, .onnx or IR text file: refused, naming all three
             request = replace(request, source=where, allowed_roots=roots)
         elif s.source == "upload":
             if not self._upload:

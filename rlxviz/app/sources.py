@@ -1,15 +1,16 @@
 """Where a model may come from, and the security rules for paths and uploads (no Panel import).
 
-* Checkpoint folders and `.onnx` files (read in place with their external data, never copied through the browser:
-  the road for models too big to upload) are accepted only *inside* directories listed in the environment variable
-  `RLXVIZ_ALLOWED_DIRS` (`os.pathsep`-separated, e.g. `/data/models:/srv/ckpt`). Unset or empty means
-  no folder is allowed: the app never reads an arbitrary server path. Paths are resolved
+* Checkpoint folders, `.onnx` files (read in place with their external data, never copied through the browser:
+  the road for models too big to upload) and IR text files are accepted only *inside* directories listed in the
+  environment variable `RLXVIZ_ALLOWED_DIRS` (`os.pathsep`-separated, e.g. `/data/models:/srv/ckpt`). Unset or
+  empty means no folder is allowed: the app never reads an arbitrary server path. Paths are resolved
   (symlinks, `..`) before the check, so `allowed/../../etc` is refused.
 * Uploads (`config.json` + `model.safetensors`) are size-limited (`RLXVIZ_MAX_UPLOAD_MB`, default
   200 MB in total), written to a fresh private temporary folder and read with `safetensors` and
   `json` only: no pickle, no `eval`.
 * IR text is parsed by `rlxviz.ir.parse_ir` (a tokenizer + recursive descent parser), never evaluated,
-  and limited to `MAX_IR_CHARS`.
+  and limited to `MAX_IR_CHARS`, pasted or typed in the path box as an IR text file under the allowed directories
+  (its size checked before it is read, `check_ir_size`; then read as the CLI reads it, `session.load`).
 * How much a loaded graph may declare is the session's limits record (`rlxviz.session.Limits`,
   `RLXVIZ_MAX_MEMORY_MB`), the same for the app, the CLI and the notebooks.
 """
@@ -90,11 +91,13 @@ def max_upload_bytes(env: dict[str, str] | None = None) -> int:
 
 
 PATH_BOX = "the Folder source's path box"
-"""Where the app takes a typed server path: a checkpoint folder, or an `.onnx` file (with its external data)."""
-PATH_TAKES = ("a Hugging Face BERT checkpoint folder (it holds config.json and model.safetensors) or an .onnx file "
-              "(its external data beside it)")
-"""What `PATH_BOX` opens, in words: every message about the box names both (issue 39: they named the folder only,
-though an `.onnx` file under the allowed folders opens too)."""
+"""Where the app takes a typed server path: a checkpoint folder, an `.onnx` file (with its external data), or an IR
+text file (`IR_SUFFIXES`, read as the CLI reads it)."""
+PATH_TAKES = ("a Hugging Face BERT checkpoint folder (it holds config.json and model.safetensors), an .onnx file "
+              f"(its external data beside it) or an IR text file ({', '.join(_LOADER_IR_SUFFIXES)})")
+"""What `PATH_BOX` opens, in words: every message about the box names all three (issue 39: they named the folder
+only, though an `.onnx` file under the allowed folders opens too; newcomer run 38: an `.rlx` file the CLI takes
+was refused by the box)."""
 
 
 def where_big_files(allowed: list[Path] | None = None) -> str:
@@ -188,10 +191,10 @@ def check_checkpoint_dir(path: str, allowed: list[Path] | None = None) -> list[P
     """
     roots = allowed_dirs() if allowed is None else allowed
     if not roots:
-        raise SourceError(f"Checkpoint folders and .onnx paths are disabled on this server. Start it with "
-                          f"{ALLOWED_DIRS_ENV}=/path/to/models (a list separated by ':') to open {PATH_TAKES} inside "
-                          "those directories by path, or upload one .onnx file (its weights inside) or config.json + "
-                          "model.safetensors instead.")
+        raise SourceError(f"Paths (checkpoint folders, .onnx and IR text files) are disabled on this server. Start "
+                          f"it with {ALLOWED_DIRS_ENV}=/path/to/models (a list separated by ':') to open {PATH_TAKES} "
+                          "inside those directories by path, or upload one .onnx file (its weights inside) or "
+                          "config.json + model.safetensors instead.")
     if not path.strip():
         raise SourceError(f"Type the path of {PATH_TAKES}, inside {', '.join(map(str, roots))}.")
     return roots
@@ -199,21 +202,23 @@ def check_checkpoint_dir(path: str, allowed: list[Path] | None = None) -> list[P
 
 def check_path_kind(path: str, allowed: list[Path]) -> None:
     """Refuse a path to open (one `check_in_roots` passed: inside the roots, existing) that is neither a checkpoint
-    folder nor an `.onnx` file, before any load, naming both (`PATH_TAKES`): a file of another kind (a `.txt`, an IR
-    file, a `.zip`) read "not a folder; give the folder holding config.json and model.safetensors", and a folder
-    without `config.json` "no config.json (a Hugging Face checkpoint folder needs one)", neither naming the `.onnx`
-    option. A checkpoint's `config.json` names its folder (as `session.load` takes it). A pickled checkpoint
-    (`PICKLE_SUFFIXES`) and a path that is neither a file nor a folder (a device, a pipe) are refused here too, in the
-    loader's words: the loader refused them after the load had begun, and the panes of the model still shown were
-    marked stale (greyed) though nothing was loaded.
+    folder, an `.onnx` file nor an IR text file (`IR_SUFFIXES`), before any load, naming all three (`PATH_TAKES`): a
+    file of another kind (a `.zip`, a `.md`) read "not a folder; give the folder holding config.json and
+    model.safetensors", and a folder without `config.json` "no config.json (a Hugging Face checkpoint folder needs
+    one)", neither naming the `.onnx` option. An IR text file over the IR text limit (`check_ir_size`, the limit on
+    pasted text) is refused here, from its size, before it is read. A checkpoint's `config.json` names its folder (as
+    `session.load` takes it). A pickled checkpoint (`PICKLE_SUFFIXES`) and a path that is neither a file nor a
+    folder (a device, a pipe) are refused here too, in the loader's words: the loader refused them after the load
+    had begun, and the panes of the model still shown were marked stale (greyed) though nothing was loaded.
 
     Args:
         path: the path the loader would open (`resolve_in_roots`'s answer).
         allowed: the allowed roots, named in the message.
 
     Raises:
-        SourceError: `path` is a file other than `.onnx` or `config.json` (a pickle: why it is never opened), a
-            folder without `config.json`, or neither a file nor a folder.
+        SourceError: `path` is a file other than `.onnx`, an IR text file or `config.json` (a pickle: why it is
+            never opened), an IR text file over `MAX_IR_CHARS` bytes, a folder without `config.json`, or neither a
+            file nor a folder.
     """
     real = Path(path).expanduser().resolve()
     where = ", ".join(map(str, allowed))
@@ -225,8 +230,11 @@ def check_path_kind(path: str, allowed: list[Path]) -> None:
                               f"opens {PATH_TAKES}).")
         if name.endswith(".onnx") or name == "config.json":
             return
-        raise SourceError(f"{path}: neither a checkpoint folder nor an .onnx file{_goes([real.name])}; the path box "
-                          f"opens {PATH_TAKES}, inside {where}.")
+        if name.endswith(IR_SUFFIXES):
+            check_ir_size(path, real.stat().st_size)
+            return
+        raise SourceError(f"{path}: neither a checkpoint folder, an .onnx file nor an IR text file"
+                          f"{_goes([real.name])}; the path box opens {PATH_TAKES}, inside {where}.")
     if real.exists() and not real.is_dir():
         raise SourceError(f"{path}: neither a file nor a folder; the path box opens {PATH_TAKES}, inside {where}.")
     if real.is_dir() and not (real / "config.json").is_file():
@@ -417,6 +425,19 @@ def store_upload(files: dict[str, bytes]) -> Path:
         shutil.rmtree(folder, ignore_errors=True)
         raise SourceError(f"could not store the upload on the server: {e}") from None
     return folder
+
+
+def check_ir_size(path: str, size: int) -> None:
+    """Refuse an IR text file of `size` bytes typed in the path box before it is read, when it could hold more than
+    the IR text limit (`MAX_IR_CHARS`, the limit on text pasted in the IR editor, `check_ir_text`): a character
+    is at least one byte, so a file within the limit in bytes is within it in characters.
+
+    Raises:
+        SourceError: `size > MAX_IR_CHARS` (naming the file, its size and the limit).
+    """
+    if size > MAX_IR_CHARS:
+        raise SourceError(f"{path}: {size} bytes of IR text; the limit is {MAX_IR_CHARS} (as on IR text pasted in "
+                          "the IR editor), so it was not read.")
 
 
 def check_ir_text(text: str) -> str:

@@ -37,6 +37,7 @@ from .jobs import Runner
 from .measure import TIMING_RUNS, Measurements
 from .pipeline_edits import PipelineEdits, move_position
 from .runs import NO_TIMING, RUNS, Runs, import_check
+from .sources import IR_SUFFIXES
 from .views import AUTO, COLLAPSED, VIEWS
 from .wording import SHAPE_VARIANT, VARIANT_LABELS, scrub_paths
 
@@ -91,7 +92,8 @@ class AppState(Derived, PipelineEdits, param.Parameterized):
     source = param.Selector(objects=list(SOURCES), default="preset", doc="Where the model comes from.")
     preset = param.Selector(objects=[], doc="Built-in model (see rlxviz.models.PRESETS).")
     checkpoint_dir = param.String("", doc="The path typed in the path box: a Hugging Face BERT checkpoint "
-                                 "folder or an .onnx file (its external data beside it), under RLXVIZ_ALLOWED_DIRS.")
+                                 "folder, an .onnx file (its external data beside it) or an IR text file, under "
+                                 "RLXVIZ_ALLOWED_DIRS.")
     ir_text = param.String("", doc="IR text of a graph (typed or uploaded).")
     style = param.Selector(objects=["default", "rlx", "hf"], default="default",
                            doc="BERT graph style: fused-QKV RLX layers or Hugging Face primitives.")
@@ -315,6 +317,8 @@ class AppState(Derived, PipelineEdits, param.Parameterized):
             return session.variant_unavailable(name, "preset", preset, session.preset_is_bert(preset))
         if self.model is None:
             return ""
+        if "ir_file" in self.model.meta:
+            return session.variant_unavailable(name, "ir", self.model.name, False)
         if "onnx_file" in self.model.meta:
             return session.variant_unavailable(name, "onnx", self.model.name, False)
         return session.variant_unavailable(name, "checkpoint", self.model.name,
@@ -353,8 +357,8 @@ class AppState(Derived, PipelineEdits, param.Parameterized):
 
     def variant_drop_reason(self) -> str:
         """Why the teaching variant on does not apply to the model the fields ask for ('' when it does, or is none):
-        IR text, a non-BERT preset, or a path to an `.onnx` file (known from its name, before the load: the load with
-        the variant was refused, and the user was left on the old model)."""
+        IR text, a non-BERT preset, or a path to an `.onnx` or IR text file (known from its name, before the load: the
+        load with the variant was refused, and the user was left on the old model)."""
         v = self.variant
         if v == "none":
             return ""
@@ -362,6 +366,8 @@ class AppState(Derived, PipelineEdits, param.Parameterized):
             path = self.checkpoint_dir.strip()
             if path.lower().endswith(".onnx"):
                 return session.variant_unavailable(v, "onnx", PurePath(path).stem or path, False)
+            if path.lower().endswith(IR_SUFFIXES):
+                return session.variant_unavailable(v, "ir", PurePath(path).name or path, False)
             return ""
         if self.source == "ir":
             return session.variant_unavailable(v, "ir", "IR text", False)

@@ -114,6 +114,12 @@ class Node:
         return self.attrs.get("name") if self.op in (Op.INPUT, Op.PARAM) else None
 
     @property
+    def is_mask_input(self) -> bool:
+        """An attention-mask graph input: an input of rank 2 or more whose name contains `mask` (`attention_mask`,
+        `encoder_attention_mask`), as models and exporters name it."""
+        return self.op == Op.INPUT and self.rank >= 2 and "mask" in str(self.attrs.get("name", "")).lower()
+
+    @property
     def nbytes(self) -> int:
         """Size of the output tensor in bytes."""
         n = 1

@@ -157,6 +157,18 @@ def additive_term(g: Graph, i: int, heads: int) -> ScoreTerm | None:
     return None
 
 
+def mask_input(g: Graph, i: int, limit: int = 40) -> Node | None:
+    """The attention-mask input (`Node.is_mask_input`) the additive score term `i` is built from, or None: the
+    term is computed from graph inputs and constants only, each input it reads a mask (no parameter, so nothing
+    learned; no matmul, so nothing read from Q or K), within `limit` nodes. Such a term is a mask the model applies
+    (Hugging Face's `(1 - attention_mask) * finfo.min`, an additive mask given as an input), not a bias."""
+    nodes = _term_nodes(g, i, limit)
+    if len(nodes) >= limit or any(g[j].op in (Op.PARAM, Op.MATMUL) for j in nodes):
+        return None
+    inputs = [g[j] for j in nodes if g[j].op == Op.INPUT]
+    return inputs[0] if inputs and all(n.is_mask_input for n in inputs) else None
+
+
 def _sinks(g: Graph, n: Node, softmax: Node) -> tuple[ScoreTerm, int] | None:
     """`concat([s, sink], axis=-1)` with a narrow `sink` column: the term and `s`."""
     if n.op != Op.CONCAT or len(n.inputs) != 2 or n.attrs.get("axis", -1) not in (-1, n.rank - 1):
@@ -206,4 +218,4 @@ def score_terms(g: Graph, softmax: Node) -> list[ScoreTerm]:
 
 
 __all__ = ["ALIBI", "BAND", "BLOCKING", "CONTENT_POSITION", "PER_HEAD", "RELATIVE_BIAS", "SINKS", "SOFT_CAP",
-           "ScoreTerm", "additive_term", "score_terms"]
+           "ScoreTerm", "additive_term", "mask_input", "score_terms"]

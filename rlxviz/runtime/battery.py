@@ -91,8 +91,9 @@ class Battery:
 
 
 def mask_inputs(graph: Graph) -> list[Node]:
-    """Inputs that are attention masks: rank 2 or more, a name containing `mask` (see `mask_form`)."""
-    return [n for n in graph.inputs if n.rank >= 2 and "mask" in n.attrs["name"].lower()]
+    """Inputs that are attention masks: rank 2 or more, a name containing `mask` (`Node.is_mask_input`; see
+    `mask_form`)."""
+    return [n for n in graph.inputs if n.is_mask_input]
 
 
 _MASK_PASSTHROUGH = (Op.RESHAPE, Op.EXPAND, Op.TRANSPOSE, Op.NARROW, Op.CONCAT)

@@ -254,7 +254,8 @@ def load(model: str, batch: int = DEFAULT_BATCH, seq: int = DEFAULT_SEQ, style: 
         variant: a teaching variant name (`models.VARIANTS`) changing layer `variant_layer`; `over_threshold`
             raises `seq` over the attention gate (`effective_seq` with `threshold`, capped at `max_seq`).
         limits: the memory limits (default `Limits.resolve()`: environment or 2048 MiB).
-        allowed_roots: for folders, directories the folder must lie in (None: any folder).
+        allowed_roots: for folders, `.onnx` files and IR text files (`IR_SUFFIXES`), directories the path must
+            lie in (None: any folder).
         dims, input_shapes: for an `.onnx` file, values of symbolic dim names (`--dim`) and full shapes of some
             inputs (`--inputs`), bound before the import (`models.onnx.dims.bind_input_shapes`: a dim expression
             such as `past_sequence_length + sequence_length` is the sum of the values the other inputs use).
@@ -277,6 +278,8 @@ def load(model: str, batch: int = DEFAULT_BATCH, seq: int = DEFAULT_SEQ, style: 
         p = p.parent  # a checkpoint's config.json names its folder (its limits are checked before anything is built)
     if v is not None:
         kind = ("preset" if model in PRESETS else "onnx" if p.suffix.lower() == ".onnx" and not p.is_dir()
+                else "ir" if p.suffix.lower() in IR_SUFFIXES and (p.is_file() or allowed_roots is not None)
+                and not p.is_dir()
                 else "checkpoint" if p.is_dir() or allowed_roots is not None else "ir" if p.is_file() else "")
         why = variant_unavailable(variant, kind, model, model not in PRESETS or preset_is_bert(model)) if kind else ""
         if why:
@@ -320,6 +323,8 @@ def load(model: str, batch: int = DEFAULT_BATCH, seq: int = DEFAULT_SEQ, style: 
                                                         proto=parsed.pop() if parsed else None))
             parsed.clear()
             m.meta[ROLES_META] = dict(roles)  # the file's own: which dims override batch and seq (`dimroles`)
+        elif p.suffix.lower() in IR_SUFFIXES and allowed_roots is not None and not p.is_dir():
+            return load_ir_file(_within_roots(p, allowed_roots), limits)  # a typed path: inside the roots first
         elif p.is_dir() or allowed_roots is not None:  # with roots, the loader checks the folder before anything
             roots = None if allowed_roots is None else tuple(allowed_roots)
             m = MODELS.get_or_compute(("folder", str(p), roots, batch, seq, style, gv, limits.max_bytes),

@@ -13,9 +13,19 @@ import numpy as np
 from ...ir import Graph, Node, Op
 from ...ir.ops import BINARY, COMPARE, UNARY
 from ..guard import ILLEGAL, MODEL_TERM, NOT_RECOGNIZED, Ctx
-from ..pattern import const_value, is_const
+from ..pattern import const_value, describe, is_const
 from ..rule import QUIET, Fail, reports
-from ..score_terms import ALIBI, CONTENT_POSITION, RELATIVE_BIAS, SINKS, SOFT_CAP, additive_term, score_terms
+from ..score_terms import (
+    ALIBI,
+    BAND,
+    CONTENT_POSITION,
+    RELATIVE_BIAS,
+    SINKS,
+    SOFT_CAP,
+    additive_term,
+    mask_input,
+    score_terms,
+)
 from . import where_mask
 
 
@@ -105,9 +115,9 @@ def mask_form(c: Ctx) -> Fail | None:
     causal + padding, a band) is kept additive the same way (`where_mask_additive`)."""
     if "bias_add" in c:
         b = c["bias"]
-        why = model_term(b, c.graph, c["q_reshape"].shape[2]) or "a term of the model"
+        term, why = _added_term(c, b)
         return Fail("guard", "where_mask_additive",
-                    f"score term kept in the attention's additive operand where(cond, {c.the('bias', 'bias')}, "
+                    f"score term kept in the attention's additive operand where(cond, {term}, "
                     f"fill): {b.op.value} {list(b.shape)} is added to the scores before the where-mask; "
                     f"{why} (exact)", (), (), "nothing to change in the model",
                     subject=b.id, kind=MODEL_TERM, fix="")
@@ -170,6 +180,24 @@ def mask_form(c: Ctx) -> Fail | None:
                 "pass the integer attention_mask through HF's extended-mask formula to get a keep mask",
                 subject=m.id, kind=NOT_RECOGNIZED,
                 fix="recognize this mask formula (e.g. a where-based boolean mask) as a keep mask")
+
+
+def _added_term(c: Ctx, b: Node) -> tuple[str, str]:
+    """The term `b` added to the scores before a where-mask, named by what it is, and why it is one: a mask
+    built from a mask input (`score_terms.mask_input`) is "the additive padding mask" (one value per batch row
+    and key) or "the additive mask" (more rows: padding with a band); any other term, and a position term built
+    from the mask too (BLOOM's ALiBi reads `attention_mask`'s cumsum), is "the bias"."""
+    heads = c["q_reshape"].shape[2]
+    why = model_term(b, c.graph, heads)
+    src = mask_input(c.graph, b.id)
+    kind = additive_term(c.graph, b.id, heads)
+    if src is None or (kind is not None and kind.kind != BAND):
+        return c.the("bias", "bias"), why or "a term of the model"
+    built = f"built from input {src.name} (node {src.id})"
+    if why:
+        return f"the {describe(b, 'additive mask')}", f"{why}, {built}"
+    return (f"the {describe(b, 'additive padding mask')}",
+            f"the padding mask, {built}: one value per batch row and key")
 
 
 def _reshaped_first(c: Ctx, mul: Node, b: int, s: int) -> bool:
