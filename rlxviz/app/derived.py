@@ -110,7 +110,7 @@ def version_rows(trace: Trace, visible: list[tuple[int, str]]) -> list[dict]:
                      "rejected_at": [r.anchor for r in p.near_misses], "not_near_misses": p.faded,
                      "not_near_miss_at": p.faded_at, "op_gaps": p.gaps,
                      "op_gap_at": p.excused_at.get(OP_GAP_GROUP, []), "lacks": p.lacks,
-                     "gap_workaround": p.gap_workaround, "gap_blockers": p.gap_blockers,
+                     "gap_worked": p.gap_worked, "gap_rounded": p.gap_rounded, "gap_blockers": p.gap_blockers,
                      "gap_unchecked": p.gap_unchecked,
                      "crashed": bool(i and trace.steps[i - 1].error),
                      "fused": sum(1 for x in g if x.pass_name), "ms": (trace.steps[i - 1].seconds * 1e3

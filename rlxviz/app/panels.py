@@ -16,7 +16,7 @@ from panel.viewable import Viewer
 
 from ..ir import Graph, format_graph
 from ..passes.why.places import PLACE_UNIT
-from ..passes.why.text import WORKAROUND_TOO, compiler_fix_words, left_out_heading
+from ..passes.why.text import compiler_fix_words, left_out_heading, workaround_words
 from ..passes.why.verdict import OP_GAP_GROUP
 from ..session.overlays import UNITS
 from ..viz import box_layer
@@ -160,19 +160,19 @@ def not_near_miss_mark(kinds: Mapping[str, list[str]], at: Mapping[str, list[int
 
 
 OP_GAP_MARK = "△"
-"""A version chip's mark for places at a gap in rlxviz's ops (`op_gap_mark`): no near-miss, but not "nothing to fix"
-either (the faded `○`): a compiler fix, nothing in the model to change."""
+"""A version chip's mark for places at a gap in rlxviz's ops (`op_gap_mark`): no near-miss, nor "nothing to fix" (○)."""
 
 
 def op_gap_mark(items: list[str], at: list[int] | None = None, lacks: list[str] | None = None,
-                workaround: bool = False, blockers: list[tuple[str, str]] | None = None, unchecked: int = 0) -> str:
+                worked: int = 0, blockers: list[tuple[str, str]] | None = None, unchecked: int = 0,
+                rounded: int = 0) -> str:
     """A chip's mark for a pass's places at a gap in rlxviz's ops (`Places.gaps`: items; `at`: their anchors; `lacks`:
-    the forms rlxviz lacks there, `Places.lacks`): `△N` in the chip's own colour, not faded (something to fix, in
-    rlxviz), its tooltip first what `explain`'s headline says of these places (`text.compiler_fix_words` of
-    `Places.gap_blockers`, `gap_unchecked`, `workaround`: `Places.gap_workaround`): `rlxviz's ops lack X: a compiler
-    fix, nothing in the model to change`, or what fails next after its fix alone; then the places (`_places_tip`)."""
-    n, tip = _places_tip({OP_GAP_GROUP: items}, {OP_GAP_GROUP: list(at or [])}, workaround)
-    asks = compiler_fix_words(list(blockers or []), unchecked, len(lacks or []) > 1, WORKAROUND_TOO * workaround)
+    `Places.lacks`): `△N` in the chip's colour, not faded (rlxviz's to fix), its tooltip first what `explain`'s
+    headline says of these places, by place (`fix_words`: `Places.gap_blockers`, `gap_unchecked`; `worked`, `rounded`:
+    `Places.gap_worked`, `gap_rounded`): `rlxviz's ops lack X: a compiler fix, ...`; then the places (`_places_tip`)."""
+    n, tip = _places_tip({OP_GAP_GROUP: items}, {OP_GAP_GROUP: list(at or [])}, worked > 0)
+    workaround = workaround_words(worked, rounded, len(items) == 1)  # the headline's words, counted by place
+    asks = compiler_fix_words(list(blockers or []), unchecked, len(lacks or []) > 1, workaround)
     head = f"rlxviz's ops lack {', '.join(lacks)}: {asks}. " if lacks else ""
     return f" <span class='rv-op-gap' title='{html_text(head + tip)}'>{OP_GAP_MARK}{n}</span>"
 
@@ -201,8 +201,8 @@ def counts_html(rows: list[dict[str, Any]], current: int, hidden_before: Callabl
         if r.get("not_near_misses"):  # a lookalike or the model's own term: said, not marked as a failure
             delta += not_near_miss_mark(r["not_near_misses"], r.get("not_near_miss_at"))
         if r.get("op_gaps"):  # a gap in rlxviz's ops: the compiler's to fix, not faded as "nothing to fix"
-            delta += op_gap_mark(r["op_gaps"], r.get("op_gap_at"), r.get("lacks"), r.get("gap_workaround", False),
-                                 r.get("gap_blockers"), r.get("gap_unchecked", 0))
+            delta += op_gap_mark(r["op_gaps"], r.get("op_gap_at"), r.get("lacks"), r.get("gap_worked", 0),
+                                 r.get("gap_blockers"), r.get("gap_unchecked", 0), r.get("gap_rounded", 0))
         if r.get("crashed"):
             delta += f" <b style='{red}'>CRASHED</b>"
         style = "background:#1565c0;color:#fff;" if cur else "background:#f1f3f5;"

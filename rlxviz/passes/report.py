@@ -204,13 +204,17 @@ def block_in_context(trace: Trace, c: Cost) -> str | None:
     """The attention block that the member of cost `c` would cost, worded as what holds it back where it did not form
     in the end (`_block_formed`), from `BLOCK_PASS`'s refusal at that attention (`_block_refusal`): at a gap in
     rlxviz's ops, `the attention block at attention (node 233, PATH) that FusedAttentionBlock with interleaved RoPE
-    would form (rlxviz lacks it: rope_halves; the compiler fix forms it; Q/K/V packed ...)`. The cost test protects
-    such a block on purpose (its compiler fix forms it), but "it would cost the attention block" beside no block
-    claimed a cost this run does not pay. None where the block formed, or `c` protects none: the words as recorded
-    (`Cost.block`)."""
+    would form (rlxviz lacks it: rope_halves; the compiler fix forms it; Q/K/V packed ...)`, or where that fix alone
+    is not enough or not checked, as the headline says it (`why.fix_words.block_fix_words`: gptj's `(rlxviz lacks
+    it: rope_full_rotary, a compiler fix; alone it is not enough: rope_halves (...) fails next; Q/K/V ...)`). The
+    cost test protects such a block on purpose (the compiler fixes of its gaps form it), but "it would cost the
+    attention block" beside no block claimed a cost this run does not pay. None where the block formed, or `c`
+    protects none: the words as recorded (`Cost.block`)."""
     if c.attention is None or _block_formed(trace, c.attention):
         return None
-    from .why.standing import place_gaps  # the verdict's package reads this module
+    from .why.caveat import fix_blocker, fix_unchecked  # the verdict's package reads this module
+    from .why.fix_words import FIX_FORMS_IT, block_fix_words
+    from .why.standing import place_gaps
 
     x = _block_refusal(trace, c.attention)
     head, why = f"the attention block at {c.attention_label}", c.packed
@@ -220,8 +224,12 @@ def block_in_context(trace: Trace, c: Cost) -> str | None:
         return f"{head}, which does not form in this run ({BLOCK_PASS} {said}; {why})"
     gaps = place_gaps(trace, x)
     if gaps:
-        return (f"{head} that {' and '.join(gaps)} would form (rlxviz lacks it: {x.guard}; the compiler fix "
-                f"forms it; {why})")
+        # what the headline says of this fix (newcomer run 38: gptj's "the compiler fix forms it" beside a headline
+        # saying rope_halves fails next after it): its own checks, not the group's
+        blocker = fix_blocker(trace, x.rule, x.anchor, x.guard)
+        fix = block_fix_words(blocker, not blocker and fix_unchecked(trace, x.rule, x.anchor, x.guard))
+        sep = "; " if fix == FIX_FORMS_IT else ", "  # `rope_halves; the compiler fix ...`, `X, a compiler fix; ...`
+        return f"{head} that {' and '.join(gaps)} would form (rlxviz lacks it: {x.guard}{sep}{fix}; {why})"
     return f"{head}, which {x.rule} does not form here ({x.guard}: {kind_words(x.kind, x.dead)}; {why})"
 
 

@@ -44,7 +44,9 @@ from .block import model_refusal
 # Q/K/V and costs the attention block. Only a block that can form is protected: where the block refuses the
 # attention for the model's own term (`block.model_refusal`: a KV cache, cross-attention), no block forms whatever
 # rlxviz's ops gain, and the members merge as any other group (PaLM-style QKV+FC1: one GEMM); a block held back
-# only by a gap in rlxviz's ops (a RoPE form) stays protected, since its compiler fix would form it. Refused
+# only by gaps in rlxviz's ops (RoPE forms) stays protected, since their compiler fixes would form it: also where one
+# fix alone is not enough (GPT-J's partial rotary RoPE, then its interleaved RoPE: two gaps, no model term; the
+# words say so, `why.fix_words.block_fix_words`). Refused
 # members are named in a `merge_keeps_fusions` rejection (kind: not profitable; remedy: `guard.DOES_NOT_PAY`: the
 # tool's own rule declined it, so it is no near-miss and no layer is NOT fused for it).
 

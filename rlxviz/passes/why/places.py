@@ -15,7 +15,7 @@ from ..explain import Outcome, explain
 from ..refusal_kinds import DOES_NOT_PAY, MODEL_TERM, NOT_A_CANDIDATE
 from ..report import block_cost_in_context, in_context
 from ..trace import Rejection, Trace, place_label
-from .caveat import model_fix_note
+from .caveat import model_fix_note, model_fix_rounded
 from .facts import RunFacts
 from .gap_words import GapNames, group_words, trait_worded
 from .policy import NOT_EXPECTED_HERE, TAKEN_LATER_GROUP, gap_line, not_expected_line
@@ -47,8 +47,11 @@ class Places:
         excused_at: the anchor node id of each item of `excused`, in the same order (a chip's tooltip groups the
             places by node).
         lacks: the op forms rlxviz lacks at the `OP_GAP_GROUP` places (`standing.place_gaps`), each once, in order.
-        gap_workaround: a checked change to the model works around one of the `OP_GAP_GROUP` places
-            (`caveat.model_fix_note`, the same check that names it in the place's gap line).
+        gap_worked: how many `OP_GAP_GROUP` places a checked change to the model works around
+            (`caveat.model_fix_note`, the same check that names it in the place's gap line; `gap_workaround`).
+        gap_rounded: how many of those keep the numbers only up to rounding (`caveat.model_fix_rounded`, the
+            headline's `OpGap.rounded`). The chip's head words both as the headline does
+            (`fix_words.workaround_words`: `in 2 of them (it changes the numbers at rounding level only; ...)`).
         gap_blockers: `(form, blocker)` of each `OP_GAP_GROUP` place whose compiler fix alone is not enough, in
             order (`standing.place_fix_alone`: what fails next, as the headline's `OpGap.blocker` says it).
         gap_unchecked: how many `OP_GAP_GROUP` places have a compiler fix no what-if checks alone
@@ -60,9 +63,15 @@ class Places:
     excused: dict[str, list[str]]
     excused_at: dict[str, list[int]] = field(default_factory=dict)
     lacks: list[str] = field(default_factory=list)
-    gap_workaround: bool = False
+    gap_worked: int = 0
+    gap_rounded: int = 0
     gap_blockers: list[tuple[str, str]] = field(default_factory=list)
     gap_unchecked: int = 0
+
+    @property
+    def gap_workaround(self) -> bool:
+        """Whether a checked change to the model works around one of the `OP_GAP_GROUP` places (`gap_worked`)."""
+        return self.gap_worked > 0
 
     @property
     def faded(self) -> dict[str, list[str]]:
@@ -183,7 +192,7 @@ def places(trace: Trace, step: int) -> Places:
     excused: dict[str, list[str]] = {}
     excused_at: dict[str, list[int]] = {}
     lacks: dict[str, None] = {}
-    workaround = False
+    worked = rounded = 0
     blockers: list[tuple[str, str]] = []
     unchecked = 0
     for r, st in place_standings(trace, step).values():
@@ -195,7 +204,9 @@ def places(trace: Trace, step: int) -> Places:
         place = place_label(r.anchor, r.path, with_node=True)  # `%ANCHOR (PATH)`: every chip item alike
         if group == OP_GAP_GROUP:
             lacks |= dict.fromkeys(place_gaps(trace, r))
-            workaround = workaround or gap_workaround(trace, r, st)
+            if gap_workaround(trace, r, st):  # the headline's `OpGap.workaround`, `OpGap.rounded`, per place
+                worked += 1
+                rounded += model_fix_rounded(trace, r.rule, r.anchor, r.guard)
             form, blocker, unsure = place_fix_alone(trace, r)  # the headline's facts (`OpGap`), per place
             blockers += [(form, blocker)] * bool(blocker)
             unchecked += unsure
@@ -212,7 +223,7 @@ def places(trace: Trace, step: int) -> Places:
             item = own_item(r, trace)
         excused.setdefault(group, []).append(item)
         excused_at.setdefault(group, []).append(r.anchor)
-    return Places(near, excused, excused_at, list(lacks), workaround, blockers, unchecked)
+    return Places(near, excused, excused_at, list(lacks), worked, rounded, blockers, unchecked)
 
 
 PlaceCount = tuple[str, str, str, str, int]

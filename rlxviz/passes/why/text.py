@@ -14,9 +14,8 @@ from typing import TYPE_CHECKING, Any
 from ...ir.ops import REWRITTEN_AS
 from ..explain import comparison_lines
 from ..guard import DOES_NOT_PAY, MODEL_TERM, NOT_A_CANDIDATE
-from ..refusal_kinds import ROUNDING_ONLY
 from ..trace import layer_label
-from .caveat import WORKAROUND
+from .fix_words import GAP_IS_THE_COMPILERS, UNCHECKED_ALONE, compiler_fix_words, workaround_words
 from .policy import OP_GAP_GROUP, TAKEN_LATER_GROUP
 
 if TYPE_CHECKING:  # for annotations only: the verdicts word themselves through this module
@@ -75,16 +74,6 @@ SIBLING_DIFFERS = "; the layers differ in:"
 verbose text (`explain -v`, the Why tab) then prints the rules' outcomes without `explain`'s own comparison, so the
 differences are said once (bart-full and `dead_h1_user` printed the same block twice)."""
 
-GAP_IS_THE_COMPILERS = "a compiler fix, nothing in the model to change"
-"""What a gap in rlxviz's ops asks of whom (the headline's count, the app's chip mark for such places)."""
-UNCHECKED_ALONE = "not checked whether the fix alone is enough in {n} of them (no what-if builds it there)"
-"""What the headline adds after `GAP_IS_THE_COMPILERS` for the layers whose gaps' compiler fix no what-if checks
-(`excused.OpGap.unchecked`): codegen.qdyn's int8 block, refused at `qkv_packed` (a structure miss) before its RoPE
-guards ran, read as the one fix needed while its interleaved, partial rotary RoPE would fail next."""
-
-_WORKAROUND = WORKAROUND.split("{fix}")[0]
-"""How a gap line names a model-side workaround beside its compiler fix (`policy.WORKAROUND`)."""
-
 ALSO_REJECTED_COUNTED = "a near-miss, counted against the layer"
 """The standing an `also rejected` line of a layer not fused ends with: a further refusal that counts (the app's
 chips mark its place `✗`), as the layer's first rejection does."""
@@ -139,9 +128,9 @@ it: one, many. A `MODEL_TERM` place is a fusion that kept the model's term as it
 1 + w) or a rule that left the model's own structure as it is (cross-attention: the attention stays packed)."""
 
 
-WORKAROUND_TOO = "; a workaround in the model too (its gap line names it)"
-"""What a chip's gap head adds after the compiler fix where a checked change to the model works around one of its
-places (`compiler_fix_words`' `workaround`)."""
+WORKAROUND_TOO = workaround_words(1, 0, one=True)
+"""What a gap head adds after the compiler fix where a checked change to the model, exact, works around its one layer
+or place: `; a workaround in the model too (its gap line names it)` (`fix_words.workaround_words`)."""
 GAP_HAS_A_WORKAROUND = f"a compiler fix{WORKAROUND_TOO}"
 """`GAP_IS_THE_COMPILERS` where a checked change to the model also works around the gap (`caveat.model_fix_note`)."""
 
@@ -452,42 +441,9 @@ def layer_fix_words(short: list[LayerVerdict], several: bool) -> str:
     # `qkv_packed`, its RoPE guards never run): "nothing in the model to change" alone read as the fix being enough
     unchecked = sum(not any(g.blocker for g in s.gaps) and any(g.unchecked for g in s.gaps) for s in short)
     rounded = sum(s.gap_workaround_rounded for s in short)  # `OpGap.rounded`: equal only up to rounding
-    exactly = ("" if not rounded else f"it {ROUNDING_ONLY}; " if rounded == worked else
-               f"in {rounded} of them it {ROUNDING_ONLY}; ")  # the words of every rounding-only change
-    if len(short) == 1:  # the start strip's one layer: `GAP_HAS_A_WORKAROUND`'s words
-        workaround = f"; {_WORKAROUND.rstrip(': ')} too ({exactly}its gap line names it)" if worked else ""
-    else:
-        workaround = (f"; {_WORKAROUND.rstrip(': ')} in {worked} of them ({exactly}their gap lines name it)"
-                      if worked else "")
+    workaround = workaround_words(worked, rounded, len(short) == 1)  # the start strip's one layer: "too"
     pairs = [(g.form, g.blocker) for g in firsts]  # `OpGap.blocker`: the fix alone not enough
     return compiler_fix_words(pairs, unchecked, several, workaround)
-
-
-def compiler_fix_words(blockers: list[tuple[str, str]], unchecked: int, several: bool, workaround: str = "") -> str:
-    """What the compiler fix for a gap in rlxviz's ops asks, after `rlxviz lacks FORMS: `: `GAP_IS_THE_COMPILERS`
-    where its fix alone is enough, else `a compiler fix; alone it is not enough in N of them: BLOCKER fails next`.
-    The headline (`gap_words`, over its layers) and the app's `△` chip head (over a pass's places,
-    `places.Places.gap_blockers`) word the same facts with it. `blockers`: `(form, blocker)` of each layer or place
-    whose fix alone is not enough (`OpGap.blocker`, `standing.place_fix_alone`); `unchecked`: how many of them have
-    a fix no what-if checks alone (`OpGap.unchecked`), said only where no blocker is; `several`: rlxviz lacks
-    several forms there, so each form is said with what fails next after its fix alone (albert.ortopt: two gaps,
-    each fix alone leaves the other: "the fix for X, Y alone ...: y, x fails next" read as a contradiction);
-    `workaround`: the words of a checked change to the model, `; ...` (`WORKAROUND_TOO`), "" without."""
-    unsure = f"; {UNCHECKED_ALONE.format(n=unchecked)}" if unchecked and not blockers else ""
-    if not blockers and not workaround:
-        return f"{GAP_IS_THE_COMPILERS}{unsure}"
-    # the compiler fix alone leaves a refusal standing (`caveat.fix_blocker`), or a checked change to the model makes
-    # the fusion too (`caveat.model_fix_note`): "nothing in the model to change" is not true there, so the words
-    # say what fails next, and in how many the model can be changed instead
-    if several:
-        pairs = dict.fromkeys(blockers)
-        alone = (f"; a fix alone is not enough in {len(blockers)} of them: "
-                 + "; ".join(f"with the fix for {form} alone, {blocker} fails next" for form, blocker in pairs)
-                 if blockers else "")
-    else:
-        alone = (f"; alone it is not enough in {len(blockers)} of them: "
-                 f"{', '.join(dict.fromkeys(b for _, b in blockers))} fails next" if blockers else "")
-    return f"a compiler fix{alone}{unsure}{workaround}"
 
 
 def run_dict(r: RunVerdict) -> dict[str, Any]:
@@ -572,7 +528,7 @@ __all__ = ["UNCHECKED_ALONE",
            "ALSO_REJECTED_COUNTED", "ALSO_REJECTED_NOT_COUNTED", "TAKEN_LATER_STANDING", "also_rejected_line",
            "taken_later_lines",
            "FUSED_AS_EXPECTED", "FUSED_AS_FAR_AS_OPS", "GAP_HAS_A_WORKAROUND", "GAP_IS_THE_COMPILERS", "WORKAROUND_TOO",
-           "compiler_fix_words", "layer_fix_words", "GROUP_OVER",
+           "compiler_fix_words", "layer_fix_words", "workaround_words", "GROUP_OVER",
            "PATTERNS",
            "gap_status", "held_words",
            "HELD_BACK_BY_LEGAL_AND_OPS", "HELD_BACK_BY_OPS", "NOTHING_TO_FUSE", "NO_FUSED_OP", "OUTSIDE_LAYERS",
