@@ -212,9 +212,8 @@ def block_in_context(trace: Trace, c: Cost) -> str | None:
     protects none: the words as recorded (`Cost.block`)."""
     if c.attention is None or _block_formed(trace, c.attention):
         return None
-    from .why.caveat import fix_blocker, fix_unchecked  # the verdict's package reads this module
-    from .why.fix_words import FIX_FORMS_IT, block_fix_words
-    from .why.standing import place_gaps
+    from .why.fix_words import FIX_FORMS_IT
+    from .why.standing import place_fix_words, place_gaps  # the verdict's package reads this module
 
     x = _block_refusal(trace, c.attention)
     head, why = f"the attention block at {c.attention_label}", c.packed
@@ -226,8 +225,7 @@ def block_in_context(trace: Trace, c: Cost) -> str | None:
     if gaps:
         # what the headline says of this fix (newcomer run 38: gptj's "the compiler fix forms it" beside a headline
         # saying rope_halves fails next after it): its own checks, not the group's
-        blocker = fix_blocker(trace, x.rule, x.anchor, x.guard)
-        fix = block_fix_words(blocker, not blocker and fix_unchecked(trace, x.rule, x.anchor, x.guard))
+        fix = place_fix_words(trace, x)
         sep = "; " if fix == FIX_FORMS_IT else ", "  # `rope_halves; the compiler fix ...`, `X, a compiler fix; ...`
         return f"{head} that {' and '.join(gaps)} would form (rlxviz lacks it: {x.guard}{sep}{fix}; {why})"
     return f"{head}, which {x.rule} does not form here ({x.guard}: {kind_words(x.kind, x.dead)}; {why})"

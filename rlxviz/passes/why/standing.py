@@ -22,6 +22,7 @@ from .caveat import (
     own_term_behind,
 )
 from .facts import RunFacts, taken_places
+from .fix_words import block_fix_words
 from .held import Held, term_refusal
 from .kinds import LayerArchitecture as Architecture
 from .policy import (
@@ -100,6 +101,15 @@ def place_gaps(trace: Trace, r: Rejection) -> list[str]:
     with QK-norm`; [] for any other refusal, one of the model's own term too whatever compiler fix it names (n3-09's
     cross-attention `self_attention`: what the Why tab's "said no here" line reads, `report._what_ran`)."""
     return _excused(trace, r)[2]
+
+
+def place_fix_words(trace: Trace, r: Rejection) -> str:
+    """What the headline says of the compiler fix of the gap refusal `r` of `trace`, from `r`'s own checks
+    (`caveat.fix_blocker`, `caveat.fix_unchecked`; `fix_words.block_fix_words`): `the compiler fix forms it`, or gptj's
+    `a compiler fix; alone it is not enough: rope_halves (...) fails next`. The cost test's words ask it
+    (`report.block_in_context`, lazily, by the one accepted edge to this module)."""
+    blocker = fix_blocker(trace, r.rule, r.anchor, r.guard)
+    return block_fix_words(blocker, not blocker and fix_unchecked(trace, r.rule, r.anchor, r.guard))
 
 
 def _excused(trace: Trace, r: Rejection) -> tuple[Architecture | None, tuple[str, str] | None, list[str]]:
