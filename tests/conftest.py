@@ -116,7 +116,9 @@ SHARED_BROWSER_FILES: dict[str, str] = {
     for name in ("test_browser_big_onnx.py", "test_browser_flows.py", "test_browser_matches_table.py",
                  "test_browser_nav.py", "test_browser_newcomer.py", "test_browser_number_boxes.py",
                  "test_browser_room.py", "test_browser_security.py", "test_browser_start_text.py",
-                 "test_browser_drawing_title.py")
+                 "test_browser_drawing_title.py", "test_browser_zoom_search.py", "test_browser_big_layer_search.py",
+                 "test_browser_search_visible.py", "test_browser_search_fit.py", "test_browser_onnx_name_search.py",
+                 "test_browser_linked_search.py")
 }
 """Browser test files that may share the cores (marked `slow` and `sweep`): no Timing run, no time limit asserted
 but a bound many times the measured time (`test_browser_big_onnx.FIRST_PICTURE_S`). `make test` runs each file
@@ -127,7 +129,17 @@ run two of its tests failed in 3 of 4 full runs on 2026-12-06 (a model switch or
 centred at 0.9 zoom, the same transforms each time), never alone, as a file, or beside two CPU burners. Found
 (2026-12-07, beside two burners: the path load in 2 of 7 runs, two more tests once each): the tests read the panes
 before the new model's pictures arrived (the version list and the message come first), so ②'s or MiniLM's views
-were read, or a `%id` typed was cleared by the late scope; they now wait for the new pictures."""
+were read, or a `%id` typed was cleared by the late scope; they now wait for the new pictures.
+
+Moved from the serial run on 2026-12-07 (it set CI's length, ~21 of 20 minutes): zoom_search, big_layer_search,
+search_visible, search_fit, onnx_name_search and linked_search (~160 s one test at a time). Their fixed sleeps before
+a read became waits for the state read: `served.settled` (each pane's box, transform, picture and map unchanged for
+1 s), the hit's layer drawn after an Enter that kept the counter at 1/N (search_fit), the collapsed picture before a
+node of it is clicked (search_visible: a click on the full picture just before it went opened no drawer, once).
+Checked as the shared tier runs them, the six files alone, `-n 2 --dist loadgroup`, beside two CPU burners (AMD EPYC
+2-core, load average ~14 from other sessions): 3 runs before that click's wait (pass 170 s, 1 fail 231 s, pass
+265 s), then 3 passing runs (256 s, 277 s, 276 s). test_browser_newcomer_why.py (it presses the Timing button) and
+test_browser_newcomer_nav.py (it opens the Timing tab, `test_shared_browser_tier.TIMES`) stay in the serial run."""
 
 SHARED_BROWSER_TESTS: dict[str, tuple[str, ...]] = {
     "test_browser_app.py": (

@@ -158,6 +158,32 @@ def open_tab(pg: Page, name: str) -> None:
     expect(tab).to_have_class(active)
 
 
+VIEW_JS = """(panes) => JSON.stringify(panes.map((p) => {
+  const w = document.querySelector(p + ' .rv-wrap'), i = document.querySelector(p + ' .rv-inner');
+  if (!w || !i) return null;
+  const box = (e) => { if (!e) return null; const r = e.getBoundingClientRect();
+    return [r.x, r.y, r.width, r.height]; };
+  return [box(w), i.style.transform, i.innerHTML.length, box(w.querySelector('.rv-mini'))]; }))"""
+"""Each pane's view as the page draws it: its picture area's box, the picture's transform and size (characters of
+its SVG), its map's box (null where a pane or a map is missing)."""
+
+
+def settled(pg: Page, *panes: str, still_ms: int = 1000) -> None:
+    """Wait until the views of `panes` (`.rv-after`, `.rv-before`, `.rv-why-graph`) rest: `VIEW_JS` reads the same
+    for `still_ms` ms in a row (read every 250 ms), so a late picture, layout or centring lands before a test reads
+    the view; AssertionError after 2 WAIT_MS of motion."""
+    last, since = None, 0.0
+    end = time.monotonic() + 2 * WAIT_MS / 1000
+    while time.monotonic() < end:
+        now, t = pg.evaluate(VIEW_JS, list(panes)), time.monotonic()
+        if now != last:
+            last, since = now, t
+        elif (t - since) * 1000 >= still_ms:
+            return
+        pg.wait_for_timeout(250)
+    raise AssertionError(f"{panes}: the view did not rest in {2 * WAIT_MS} ms: {last}")
+
+
 def open_sidebar(pg: Page) -> None:
     """Unfold the sidebar if the page opened with it folded (a window narrower than `layout.NARROW_PX`)."""
     if pg.locator("#sidebar.hidden").count():

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from playwright.sync_api import expect
-from served import WAIT_MS, browser_fixture, idle, open_path, server_fixture, watched_page
+from served import WAIT_MS, browser_fixture, idle, open_path, server_fixture, settled, watched_page
 
 pytestmark = pytest.mark.slow
 expect.set_options(timeout=WAIT_MS)
@@ -52,7 +52,7 @@ def test_enter_on_a_hit_in_a_big_folded_layer_draws_and_centres_it(browser, serv
         assert key == "n1332", key  # the first softmax op (an exact hit) comes first
         expect(found).to_have_text(re.compile(r"^1/\d+$"))  # layer 1's box is not drawn beside the layer drawn alone
         assert int(found.inner_text().split("/")[1]) < total
-        pg.wait_for_timeout(500)
+        settled(pg, ".rv-after")  # centred once the layer drawn alone is laid out
         assert _centred(pg, ".rv-after", key)
         expect(pg.locator(".rv-graph-note")).not_to_contain_text("Not shown")
         expect(pg.locator(".rv-after .rv-caption, .rv-after .rv-title").first).to_be_visible()
@@ -84,7 +84,7 @@ def test_the_linked_before_pane_shows_the_layer_a_hit_opens(browser, server):
         for pane in (".rv-after", ".rv-before"):  # the layer drawn alone in both panes, the node in each
             pg.locator(f"{pane} .rv-inner g#{key}").wait_for(timeout=3 * WAIT_MS)
         idle(pg)
-        pg.wait_for_timeout(500)
+        settled(pg, ".rv-after", ".rv-before")  # each pane's new picture centred on the node (`follow`)
         assert _centred(pg, ".rv-after", key)
         assert _nodes_in_view(pg, ".rv-before") > 0, pg.locator(".rv-before .rv-inner").evaluate(
             "el => el.style.transform")

@@ -11,7 +11,7 @@ import re
 
 import pytest
 from playwright.sync_api import expect
-from served import ART, WAIT_MS, browser_fixture, idle, server_fixture, watched_page
+from served import ART, WAIT_MS, browser_fixture, idle, server_fixture, settled, watched_page
 
 pytestmark = pytest.mark.slow
 expect.set_options(timeout=WAIT_MS)
@@ -39,14 +39,14 @@ def test_a_search_in_one_pane_keeps_both_panes_hits_in_view(browser, server):
         expect(pg.locator(".rv-start-note")).to_contain_text("Showing after")
         idle(pg)
         pg.locator(".rv-before g.node").first.wait_for()
-        pg.wait_for_timeout(500)
+        settled(pg, ".rv-before", ".rv-after")  # type once both panes are laid out
         after, before = pg.locator(".rv-after .rv-search"), pg.locator(".rv-before .rv-search")
         after.fill("softmax")  # the after pane's hit: the fused attention that absorbed a softmax
         expect(pg.locator(".rv-after .rv-found")).to_have_text(re.compile(r"^1/\d+$"))
         expect(pg.locator(".rv-after .rv-found-note")).to_have_text(re.compile(r"^softmax: absorbed into "))
         before.fill("softmax")  # the before pane's hit: a softmax node; the after pane follows it
         expect(pg.locator(".rv-before .rv-found")).to_have_text(re.compile(r"^1/\d+$"))
-        pg.wait_for_timeout(300)
+        settled(pg, ".rv-before", ".rv-after")  # both panes centred (the after pane follows the before pane's hit)
         pg.screenshot(path=str(ART / "linked-search.png"))
         for pane in (".rv-before", ".rv-after"):
             node, wrap = _hit_box(pg, pane)
@@ -56,7 +56,7 @@ def test_a_search_in_one_pane_keeps_both_panes_hits_in_view(browser, server):
         expect(pg.locator(".rv-before .rv-found")).to_have_text(re.compile(r"^1/\d+$"))
         before.press("Enter")
         expect(pg.locator(".rv-before .rv-found")).to_have_text(re.compile(r"^2/\d+$"))
-        pg.wait_for_timeout(300)
+        settled(pg, ".rv-before", ".rv-after")
         for pane in (".rv-before", ".rv-after"):
             node, wrap = _hit_box(pg, pane)
             assert _inside(node, wrap), (pane, "after Enter", node, wrap)

@@ -15,7 +15,17 @@ import re
 
 import pytest
 from playwright.sync_api import expect
-from served import ART, WAIT_MS, browser_fixture, choose_preset, idle, open_sidebar, server_fixture, watched_page
+from served import (
+    ART,
+    WAIT_MS,
+    browser_fixture,
+    choose_preset,
+    idle,
+    open_sidebar,
+    server_fixture,
+    settled,
+    watched_page,
+)
 
 pytestmark = pytest.mark.slow
 expect.set_options(timeout=WAIT_MS)
@@ -99,7 +109,7 @@ def test_a_term_carried_to_another_model_keeps_its_picture_fitted(browser, serve
             pg.locator(f"{pane} .rv-inner svg:not([data-old]) g.node#layer0").wait_for()
         expect(found).to_have_text(re.compile(r"^1/\d+$"))  # its hits marked and counted ...
         expect(pg.locator(f"{AFTER} g.rv-found-node").first).to_be_attached()
-        pg.wait_for_timeout(800)
+        settled(pg, AFTER, BEFORE)
         pg.screenshot(path=str(ART / "search-fit-switch.png"))
         for pane in (AFTER, BEFORE):  # ... the view not moved: each picture whole in its pane
             _fitted(pg, pane)
@@ -111,11 +121,12 @@ def test_a_term_carried_to_another_model_keeps_its_picture_fitted(browser, serve
         # to its own picture (the after pane took the before pane's frame: cut at its right edge)
         total = found.inner_text().split("/")[1]
         box.press("Enter")
-        expect(found).to_have_text(f"1/{total}")
+        expect(found).to_have_text(f"1/{total}")  # it read 1/N before Enter too: wait for the hit's layer drawn
+        pg.locator(f"{AFTER} .rv-inner g#{found.get_attribute('data-hit')}").wait_for()
         idle(pg)
-        pg.wait_for_timeout(500)
+        settled(pg, AFTER, BEFORE)
         pg.locator(f"{BEFORE} .rv-fit").click()
-        pg.wait_for_timeout(300)
+        settled(pg, AFTER, BEFORE)
         view = {p: pg.locator(f"{p} .rv-inner").evaluate("el => el.style.transform") for p in (AFTER, BEFORE)}
         for pane in (AFTER, BEFORE):  # a tall picture is fitted to the width, drawn from its top
             out = _outside(pg, pane)
@@ -126,7 +137,7 @@ def test_a_term_carried_to_another_model_keeps_its_picture_fitted(browser, serve
         # a fitted view follows the pane's size: the sidebar folded, the panes wider, each picture fitted again
         pg.locator("#sidebar-button").click()
         expect(pg.locator("#sidebar")).to_have_class(re.compile(r"\bhidden\b"))
-        pg.wait_for_timeout(800)
+        settled(pg, AFTER, BEFORE)  # the panes widened, each picture fitted again
         view = {p: pg.locator(f"{p} .rv-inner").evaluate("el => el.style.transform") for p in (AFTER, BEFORE)}
         for pane in (AFTER, BEFORE):
             pg.locator(f"{pane} .rv-fit").click()

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from playwright.sync_api import Page, expect
-from served import WAIT_MS, browser_fixture, close_inspector, idle, open_sidebar, server_fixture, watched_page
+from served import WAIT_MS, browser_fixture, close_inspector, idle, open_sidebar, server_fixture, settled, watched_page
 
 pytestmark = pytest.mark.slow
 expect.set_options(timeout=WAIT_MS)
@@ -56,7 +56,7 @@ def _shown(pg: Page, query: str, enter: bool = False) -> str:
         box.fill(query)
     expect(found).to_have_text(re.compile(r"^\d+/\d+$"))
     idle(pg)
-    pg.wait_for_timeout(1000)  # a late layout of the row (the before pane placed beside) moved the hit away
+    settled(pg, ".rv-after")  # a late layout of the row (the before pane placed beside) moved the hit away
     key = found.get_attribute("data-hit")
     g = pg.locator(f".rv-after .rv-inner g#{key}")  # else the folded layer's box that holds it, ringed
     b = (g if g.count() else pg.locator(".rv-after .rv-inner g.rv-found-node").first).bounding_box()
@@ -91,6 +91,10 @@ def test_a_hit_is_centred_beside_the_open_drawer_not_under_it(browser, server):
         _load(pg, FIX / "cases" / "roberta.onnx")
         pg.locator(".rv-view select").select_option("collapsed")
         idle(pg)
+        # the collapsed picture (layer boxes), not the full one it replaces: a click on the full picture's node, just
+        # before it went, opened no drawer (beside two CPU burners, 2026-12-07)
+        expect(pg.locator(".rv-after .rv-inner g.node#layer0")).to_be_attached()
+        settled(pg, ".rv-after")
         pg.locator(".rv-after .rv-inner g.node").first.click()  # the drawer opens, and stays open
         expect(pg.locator(".rv-inspector-drawer")).to_be_visible()
         _shown(pg, "encoder.layer.1.output.dense")

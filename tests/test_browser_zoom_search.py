@@ -11,7 +11,17 @@ from pathlib import Path
 
 import pytest
 from playwright.sync_api import expect
-from served import WAIT_MS, browser_fixture, choose_preset, idle, open_sidebar, open_tab, server_fixture, watched_page
+from served import (
+    WAIT_MS,
+    browser_fixture,
+    choose_preset,
+    idle,
+    open_sidebar,
+    open_tab,
+    server_fixture,
+    settled,
+    watched_page,
+)
 
 pytestmark = pytest.mark.slow
 expect.set_options(timeout=WAIT_MS)
@@ -55,19 +65,19 @@ def test_zoom_is_fitted_on_a_model_switch_and_kept_on_a_step_and_search_goes_dee
         _idle(pg)
         open_tab(pg, "Why didn't layer N fuse?")
         pg.locator(f"{WHY} g.node").first.wait_for()
-        pg.wait_for_timeout(500)
+        settled(pg, WHY)
         zoomed = _zoom_into_a_corner(pg, WHY)
         assert _nodes_in_view(pg, WHY) == 0, zoomed  # the corner: nothing of MiniLM's layer in view
         drawn = _picture(pg, WHY)
         _preset(pg, "bert-tiny")  # another model: its layer drawn whole (it kept MiniLM's zoom: an empty pane)
         expect(pg.locator(f"{WHY} g.node").first).to_be_attached()
-        pg.wait_for_timeout(800)
         # a loaded machine draws the new model's layer later: MiniLM's nodes were still there, and a resize of the
         # pane moved MiniLM's kept view (read as the new one: 0 nodes in view, 2026-12-07)
         for _ in range(4 * WAIT_MS // 250):
             if _picture(pg, WHY) != drawn and _view(pg, WHY) != zoomed:
                 break
             pg.wait_for_timeout(250)
+        settled(pg, WHY)  # the new picture fitted, the pane laid out
         shown = _view(pg, WHY)
         assert shown != zoomed and _nodes_in_view(pg, WHY) > 0, (zoomed, shown)
         pg.locator(f"{WHY} .rv-fit").click()
@@ -82,7 +92,7 @@ def test_zoom_is_fitted_on_a_model_switch_and_kept_on_a_step_and_search_goes_dee
         expect(sel).to_contain_text("mark_elementwise_regions", timeout=3 * WAIT_MS)
         sel.select_option(value=options.nth(options.count() - 1).get_attribute("value"))
         _idle(pg)
-        pg.wait_for_timeout(800)
+        settled(pg, WHY)
         assert _view(pg, WHY) == kept
 
         # bert-tiny after the last pass: attention sits in a FusedAttentionBlock that a FusedTransformerLayer absorbed
@@ -122,7 +132,7 @@ def test_zoom_is_fitted_on_a_model_switch_and_kept_on_a_step_and_search_goes_dee
         assert both, tops
         ident = max(both, key=lambda k: abs(tops[0][k] - tops[1][k]))
         pg.locator(".rv-before .rv-search").fill(f"%{ident[1:]}")
-        pg.wait_for_timeout(600)
+        settled(pg, ".rv-before", ".rv-after")  # both panes centred on the node
         pane = pg.locator(".rv-after .rv-wrap").bounding_box()
         node = pg.locator(f".rv-after .rv-inner g#{ident}").bounding_box()
         assert (pane["x"] - 1 <= node["x"] and node["x"] + node["width"] <= pane["x"] + pane["width"] + 1
@@ -149,7 +159,7 @@ def test_zoom_is_fitted_on_a_model_switch_and_kept_on_a_step_and_search_goes_dee
             box.press("Enter")
             expect(found).to_have_text(f"{k % total + 1}/{total}")
             _idle(pg)
-            pg.wait_for_timeout(300)
+            settled(pg, ".rv-after")
             expect(found).to_have_text(f"{k % total + 1}/{total}")  # the re-render kept the place
             seen.append(found.get_attribute("data-hit"))
             drawn += pg.locator(f".rv-after .rv-inner g.node#{seen[-1]}").count()
@@ -270,7 +280,7 @@ def test_a_path_load_after_a_break_fits_both_panes_and_the_maps_sit_alike(browse
         pg.locator(".rv-start-break button").click()  # ②: centres the refused layer in both panes
         expect(pg.locator(".rv-message")).to_contain_text("NOT fused")
         _idle(pg)
-        pg.wait_for_timeout(1000)  # the maps are placed once the view rests
+        settled(pg, *PANES)  # the maps are placed once the view rests
         maps = [pg.locator(f"{p} .rv-wrap").evaluate(MAP) for p in PANES]
         assert all(maps) and all(abs(a - b) <= 1 for a, b in zip(*maps, strict=True)), maps  # one place, one size
         assert pg.locator(".rv-before .rv-inner g.cluster[id^='r']").count(), "no rejection drawn after ②"
@@ -292,7 +302,7 @@ def test_a_path_load_after_a_break_fits_both_panes_and_the_maps_sit_alike(browse
         # beside two CPU burners, 2026-12-07)
         for p, d in zip(PANES, drawn, strict=True):
             _wait_for_another_picture(pg, p, d)
-        pg.wait_for_timeout(1000)
+        settled(pg, *PANES)
         _all_fitted(pg, PANES)
         shown = pg.locator(".rv-after .rv-wrap").evaluate(MAP)
         if shown is not None:  # a map frames the part in view (it framed nothing: a 0 px high box)
@@ -302,5 +312,5 @@ def test_a_path_load_after_a_break_fits_both_panes_and_the_maps_sit_alike(browse
         sel = pg.locator(".rv-version select")
         sel.select_option(value=sel.locator("option").nth(1).get_attribute("value"))
         _idle(pg)
-        pg.wait_for_timeout(800)
+        settled(pg, ".rv-after")
         assert _nodes_in_view(pg, ".rv-after") > 0, _view(pg, ".rv-after")
