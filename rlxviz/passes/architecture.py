@@ -305,13 +305,55 @@ def _projected_input(g: Graph, i: int) -> int | None:
     return None if p is None else p.inputs[0]
 
 
+_SCORE_STEPS = _THROUGH | {Op.ADD, Op.SUB, Op.MUL, Op.DIV, Op.WHERE}
+"""What lies between an attention's scores matmul and its softmax: a scale, a mask (added, or a `where`), casts."""
+
+
+def _scores_matmul(g: Graph, i: int) -> Node | None:
+    """The matmul `Q @ K^T` value `i` (a softmax's input) is computed from through `_SCORE_STEPS`, breadth first over
+    computed operands (the scores before a mask), within 16 nodes; None when there is none."""
+    todo, seen = deque([i]), {i}
+    while todo and len(seen) <= 16:
+        n = g[todo.popleft()]
+        if n.op == Op.MATMUL:
+            return n
+        if n.op in _SCORE_STEPS:
+            for j in n.inputs:
+                if j not in seen and g[j].op not in (Op.PARAM, Op.CONST, Op.INPUT):
+                    seen.add(j)
+                    todo.append(j)
+    return None
+
+
+def _qkv_operands(g: Graph, a: Node) -> tuple[int, int, int] | None:
+    """The Q, K and V operands of attention `a`: an `attention` node's first three inputs, or, for an attention left
+    as primitives (`attention_softmax`: ConvBERT, whose head merge no `fuse_sdpa` form takes), the operands of the
+    scores matmul `Q @ K^T` the softmax reads (through a scale, a mask, casts or reshapes) and the `V` of the matmul
+    reading its weights; None when `a` is neither or a matmul is not found within a few steps."""
+    if a.op == Op.ATTENTION and len(a.inputs) >= 3:
+        return a.inputs[0], a.inputs[1], a.inputs[2]
+    if not attention_softmax(g, a):
+        return None
+    scores = _scores_matmul(g, a.inputs[0])
+    todo, v = [a.id], None
+    for _ in range(8):  # the weights' readers through reshapes and casts: `attention_softmax`'s `P @ V`
+        if not todo or v is not None:
+            break
+        u = todo.pop()
+        v = next((n.inputs[1] for n in g.users(u) if n.op == Op.MATMUL and n.inputs[0] == u), None)
+        todo += [n.id for n in g.users(u) if n.op in (Op.RESHAPE, Op.CAST)]
+    return None if scores is None or v is None else (scores.inputs[0], scores.inputs[1], v)
+
+
 def integer_qkv(g: Graph, a: Node) -> str | None:
     """Evidence that the attention `a`'s Q, K or V is projected by an integer matmul (`quant_steps.integer_matmul`:
     ONNX's MatMulInteger, as `quantize_dynamic` writes every projection), else None: no float-matmul fusion merges
-    or fuses those projections, so no FusedAttentionBlock can hold them (a gap in rlxviz's ops, `policy.op_gaps`)."""
-    if a.op != Op.ATTENTION or len(a.inputs) < 3:
+    or fuses those projections, so no FusedAttentionBlock can hold them (a gap in rlxviz's ops, `policy.op_gaps`).
+    `a` is an `attention` node or an attention left as primitives (its softmax, `_qkv_operands`)."""
+    qkv = _qkv_operands(g, a)
+    if qkv is None:
         return None
-    found = [(who, p) for who, i in zip("QKV", a.inputs[:3], strict=True)
+    found = [(who, p) for who, i in zip("QKV", qkv, strict=True)
              if (p := _projection(g, i)) is not None and integer_matmul(g, p)]
     if not found:
         return None

@@ -136,9 +136,10 @@ def import_graph(proto: Any, batch: int = 1, seq: int = 128, input_shapes: Mappi
     errors: list[str] = []
     poisoned: set[str] = set()
     deadline = Deadline(MAX_IMPORT_SECONDS)
-    paths = number_calls([node_path(node) for node in g.node])  # one layer module called N times: N layers
-    paths = quant_paths(g.node, paths)  # a quantizer's Q/DQ nodes: the path of the value they quantize
-    paths = agreed_paths(g.node, paths)  # other inserted nodes (MatMulInteger): the layer their neighbours agree on
+    given = number_calls([node_path(node) for node in g.node])  # one layer module called N times: N layers
+    paths = quant_paths(g.node, given)  # a quantizer's Q/DQ nodes: the path of the value they quantize
+    paths = agreed_paths(g.node, paths, given)  # other inserted nodes (MatMulInteger): the layer the exporter's
+    # nodes next to them agree on (a Q/DQ node's lent path casts no vote)
     for node, path in zip(g.node, paths, strict=True):
         if late := deadline.exceeded():  # every step is bounded; this bounds their sum (a graph of 10^6 nodes)
             ctx.node = node

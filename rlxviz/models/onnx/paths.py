@@ -92,14 +92,22 @@ def node_path(node: Any) -> str:
     return path_from_values(node)  # a node an optimizer made: the path its values' names carry
 
 
-def agreed_paths(nodes: Sequence[Any], paths: Sequence[str]) -> list[str]:
+def agreed_paths(nodes: Sequence[Any], paths: Sequence[str], given: Sequence[str] | None = None) -> list[str]:
     """`paths` (one per ONNX node, in graph order) with each run of pathless nodes given the path of the layer its
     neighbours agree on. Nodes a tool inserted carry no path in their names (`onnxruntime.quantization`'s
     `node_MatMul_55_quant` MatMulInteger, its output Cast and scale Muls): without this a dynamically quantized
     model's projections belong to no layer. Pathless nodes joined by a value form one run; the run takes the common
     path of the pathed nodes that feed it or read it when all of those name one layer (else it stays pathless: mask
-    preparation read by every layer). Deterministic and linear in the graph's size (union-find over the values)."""
+    preparation read by every layer). Deterministic and linear in the graph's size (union-find over the values).
+
+    `given` (one per node, as `paths`; default `paths`): the paths the exporter wrote. A node pathed in `paths` but
+    not in `given` had its path lent by a rule (`handlers.quant.quant_paths`: a DynamicQuantizeLinear takes the path
+    of the value it quantizes) and is no neighbour: it neither joins a run nor votes on one. In a post-LN model the
+    value a layer's Q/K/V MatMulIntegers quantize is the previous layer's output (or the embeddings'), so its
+    quantize step's lent path would outvote the layer that reads the projections (convbert.qdyn: both layers' Q/K/V
+    and convolution matmuls in no layer)."""
     out = list(paths)
+    lent = [bool(p) and not g for p, g in zip(paths, paths if given is None else given, strict=True)]
     parent = list(range(len(nodes)))
 
     def root(k: int) -> int:
@@ -125,7 +133,7 @@ def agreed_paths(nodes: Sequence[Any], paths: Sequence[str]) -> list[str]:
     around: dict[int, list[str]] = {}  # run -> the paths of the pathed nodes next to it
     for a, b in edges:
         for run, other in ((a, b), (b, a)):
-            if not out[run] and out[other]:
+            if not out[run] and out[other] and not lent[other]:
                 around.setdefault(root(run), []).append(out[other])
     agreed: dict[int, str] = {}
     for run, near in around.items():

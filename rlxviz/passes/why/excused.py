@@ -13,8 +13,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from ..declarations import trait_named
 from ..explain import Outcome
 from ..guard import DOES_NOT_PAY, MODEL_TERM, NOT_A_CANDIDATE
+from ..pipeline import PASSES
 from ..report import MissedFusion, left_out_line, left_out_rejections
 from ..trace import Rejection, Trace, reading_order
 from .caveat import (
@@ -39,6 +41,7 @@ from .policy import (
     excuse,
     gap_line,
     gap_sources,
+    layer_pass,
     not_expected_line,
     op_gaps,
     places_words,
@@ -176,6 +179,8 @@ class OpGap:
     blocker_own: bool = False
     blocker_made_by: str = ""
     unchecked: bool = False
+    unreached: bool = False
+    """A trait's gap in a pass that found no anchor in the layer (`unreached_gaps`): no place of its own."""
 
     @property
     def pattern_miss(self) -> bool:
@@ -225,6 +230,31 @@ def layer_gaps(arch: Architecture, refused: Iterable[Outcome], excused: Iterable
                           x.blocker_own, x.blocker_made_by, x.unchecked)
                 out.setdefault(str(g), g)
     return list(out.values())
+
+
+def unreached_gaps(arch: Architecture, outcomes: Iterable[Outcome], known: Iterable[OpGap]) -> list[OpGap]:
+    """The gaps of the layer's traits (`Pass.lacks`) in passes that ran but found no anchor in the layer (every
+    outcome `not applicable`), not already among `known`: an earlier gap kept their anchor from forming. convbert.qdyn:
+    `fuse_sdpa` refuses its attention (its head merge joins the convolution heads, a gap), so `fuse_attention_block`
+    never reaches the integer-matmul Q/K/V projections it could not take either; the headline named the first gap
+    alone, as the float export's, with no word that its fix is not the only one. Each is `unchecked` (no what-if
+    builds it), and names no places (`OpGap.unreached`: the app's chips add it to the layer's places at other gaps,
+    `places.places`). The whole-layer pass is left out: its gap is the layer's (`layer_op_gaps`)."""
+    lp = layer_pass()
+    ran: dict[str, set[str]] = {}
+    for o in outcomes:
+        ran.setdefault(o.pass_name, set()).add(o.status)
+    forms = {g.form for g in known}
+    out: list[OpGap] = []
+    for name, statuses in ran.items():
+        p = PASSES.get(name)
+        if p is None or statuses != {"not applicable"} or (lp is not None and name == lp.name) or not p.rules:
+            continue
+        for trait, form, _ in p.lacks:
+            if arch.has(trait) and form not in forms:
+                forms.add(form)
+                out.append(OpGap(form, p.rules[0].name, trait_named(trait), unchecked=True, unreached=True))
+    return out
 
 
 HELD = " (held by the model's own term)"
@@ -352,4 +382,4 @@ def expected_misses(trace: Trace, arch: Architecture, layer: int | None
 
 __all__ = ["HELD", "LEFT_OUT", "LEFT_OUT_GROUPS", "Excused", "OpGap", "SAME_TAIL_WORDS", "excused_misses",
            "expected_misses", "held_lines", "layer_gaps", "left_out_group", "left_out_groups", "own_part",
-           "places_words"]
+           "places_words", "unreached_gaps"]

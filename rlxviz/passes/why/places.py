@@ -14,13 +14,13 @@ from ...ir.identity import IdentityMap
 from ..explain import Outcome, explain
 from ..refusal_kinds import DOES_NOT_PAY, MODEL_TERM, NOT_A_CANDIDATE
 from ..report import block_cost_in_context, in_context
-from ..trace import Rejection, Trace, place_label
+from ..trace import Rejection, Trace, layer_of, place_label
 from .caveat import model_fix_note, model_fix_rounded
 from .facts import RunFacts
 from .gap_words import GapNames, group_words, trait_worded
 from .policy import NOT_EXPECTED_HERE, TAKEN_LATER_GROUP, gap_line, not_expected_line
 from .standing import place_fix_alone, place_gap_names, place_gaps, standing, unexpected_fix
-from .verdict import ILLEGAL_HERE_GROUP, OP_GAP_GROUP, LayerVerdict, RunVerdict
+from .verdict import ILLEGAL_HERE_GROUP, OP_GAP_GROUP, LayerVerdict, RunVerdict, layer_verdict
 
 PLACE_UNIT = "one per pattern and place"
 """What the chips' ✗, ○ and △ count (`Places`): a pattern's candidate at one node, never a guard (two patterns: two)."""
@@ -180,6 +180,13 @@ def place_status(head: Rejection, st: tuple[str, str] | None) -> str:
     return LEFT_OUT_STATUS if head.soft else REJECTED
 
 
+def _unreached(trace: Trace, r: Rejection) -> list[str]:
+    """The forms of the gaps of `r`'s layer that no place shows (`OpGap.unreached`: a trait's gap in a pass an earlier
+    gap kept from its anchor), as its verdict names them; [] outside the layers."""
+    k = layer_of(r.path)
+    return [] if k is None else [g.form for g in layer_verdict(trace, k).gaps if g.unreached]
+
+
 def places(trace: Trace, step: int) -> Places:
     """`Places` of the refusals of `trace.steps[step]` (one pass's step, by its index): each (rule, anchor) once,
     judged by `standing` of its headline refusal (its first refusal when none is the headline). A not-expected place
@@ -208,8 +215,10 @@ def places(trace: Trace, step: int) -> Places:
                 worked += 1
                 rounded += model_fix_rounded(trace, r.rule, r.anchor, r.guard)
             form, blocker, unsure = place_fix_alone(trace, r)  # the headline's facts (`OpGap`), per place
+            hidden = _unreached(trace, r)  # a later pass's gap behind this one (convbert.qdyn's integer Q/K/V)
+            lacks |= dict.fromkeys(hidden)
             blockers += [(form, blocker)] * bool(blocker)
-            unchecked += unsure
+            unchecked += unsure or (bool(hidden) and not blocker)
         if group in (NOT_EXPECTED_HERE, OP_GAP_GROUP):  # worded as `explain` words it: the guard's reason, then why
             reason = in_context(trace, step, r)[0]  # a gap: its compiler fix, no "why not expected" (issue 39)
             line = gap_line if group == OP_GAP_GROUP else not_expected_line

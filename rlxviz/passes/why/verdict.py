@@ -32,6 +32,7 @@ from .excused import (
     left_out_groups,
     outside_refusals,
     places_words,
+    unreached_gaps,
 )
 from .facts import RunFacts, Unmade, fused_items, illegal_here, made_by, outside_items, recognized, silent, taken_places
 from .kinds import LayerArchitecture
@@ -525,6 +526,7 @@ def _layer_verdict(facts: RunFacts, layer: int, expect: str) -> LayerVerdict:
     if cannot and expect == "model" and expected:
         expected = ", ".join(dict.fromkeys([*expected.split(", "), *(u.product for u in unmade_here)]))
     gaps = layer_gaps(arch, [o for o in ex.rejected if o.rule in skipped], excused.values(), own == arch)
+    gaps += unreached_gaps(arch, ex.outcomes, gaps)  # a trait's gap an earlier gap hid (convbert.qdyn)
     legal, at_gap = {o.rule for o in illegal}, {k for k, x in excused.items() if x.gaps}  # gap lines apart (issue 39)
     held = {k for k, x in excused.items() if x.held}  # the run's list of the model's own terms names them
     return LayerVerdict(layer, fused, ftl[0] if ftl else None, expected, first, own, arch, quiet, rejected,
