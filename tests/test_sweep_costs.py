@@ -38,7 +38,8 @@ def test_one_fixture_s_sweep_tests_are_one_work_unit():
     from conftest import FIXTURE_SWEEPS, ONE_WORKER_FILES, work_unit
 
     ids = {"test_exact_claims.py": "llama.dynamo-eager.onnx", "test_fix_whatif.py": "llama.dynamo-eager.onnx",
-           "test_verdict_parity.py": "llama.dynamo-eager", "test_onnx_zoo.py": "llama.dynamo-eager"}
+           "test_verdict_parity.py": "llama.dynamo-eager", "test_onnx_zoo.py": "llama.dynamo-eager",
+           "test_onnx_origin_remade.py": "llama.dynamo-eager"}
     units = {work_unit(f"tests/{k}[{ids[k.split('::')[0]]}]") for k in FIXTURE_SWEEPS}
     assert units == {"fixture:llama.dynamo-eager"}
     assert work_unit("tests/test_onnx_zoo.py::test_attention_packs_where_the_scores_are_plain_and_explain_names_the_"
