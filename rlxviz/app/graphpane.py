@@ -319,14 +319,15 @@ def absorbed_index(graph: Graph, trace: Trace | None) -> dict[str, list[list[obj
     resolved in any version of the run (ids are never reused).
 
     Returns:
-        `n<id>` (the DOT id of a drawn node that absorbed something) -> `[op, ids, note]` per op it holds: the ids
-        of that op's nodes inside it, and the note the search shows for them, e.g. `absorbed into
-        FusedTransformerLayer %86 (layer 0) via FusedAttentionBlock %40` (no `via` for a node it absorbed itself;
-        `directly and via ...` for both; `encoder layer 0` / `decoder layer 0` in a model with two stacks, as the
-        Why tab's layer picker names them). The earlier product a node re-makes (`passes.made.remade_in_run`) is a
-        row of its own, `re-made as matmul %227 (layer 0) by fuse_attention_block.qkv_columns` (gptj's merged Q/K/V
-        projection %214), so its own id is never named as the path to itself. Ids no version of `trace` holds are
-        listed under op `""` (found by `%id` only). `{}` without a trace.
+        `n<id>` (the DOT id of a drawn node that absorbed something) -> `[op, ids, note]` per op and route it holds: the
+        ids of that op's nodes inside it, and the note the search shows for them, e.g. `absorbed into
+        FusedTransformerLayer %86 (layer 0) via FusedAttentionBlock %40` (no `via` for a node it absorbed itself; one
+        row per route, so each id's note is its own chain; `encoder layer 0` / `decoder layer 0` in a model with two
+        stacks, as the Why tab's layer picker names them). The earlier product a node re-makes
+        (`passes.made.remade_in_run`) is a row of its own, `re-made as matmul %227 (layer 0) by
+        fuse_attention_block.qkv_columns` (gptj's merged Q/K/V projection %214), so its own id is never named as the
+        path to itself. Ids no version of `trace` holds are listed under op `""` (found by `%id` only). `{}` without a
+        trace.
     """
     if trace is None:
         return {}
@@ -344,8 +345,11 @@ def absorbed_index(graph: Graph, trace: Trace | None) -> dict[str, list[list[obj
         at = f" ({layer_label(keys.get(layer, layer))})" if layer is not None else ""
         r = remade.get(n.id)  # the product it re-makes has a row of its own: it is no path to itself
         again = f"re-made as {n.op.value} %{n.id}{at} by {r.rule}" if r is not None else ""
-        found: dict[tuple[str, str], tuple[list[int], list[str]]] = {}  # (op, own note) -> (ids, the chains of
-        todo: list[tuple[int, str]] = [(i, "") for i in own]  # fused nodes they lie in)
+        # (op, own note, route) -> ids: one row per route, so a node's note names its own chain of fused nodes, not
+        # every chain a node of its op took (newcomer run 39: bert.ortopt's output dense matmul read "directly and
+        # via FusedMatMulBiasAct %89", the QKV projection's route)
+        found: dict[tuple[str, str, str], list[int]] = {}
+        todo: list[tuple[int, str]] = [(i, "") for i in own]
         seen: set[int] = set()
         for i, via in todo:  # breadth first: `todo` grows while it is read
             if i in seen:
@@ -353,24 +357,14 @@ def absorbed_index(graph: Graph, trace: Trace | None) -> dict[str, list[list[obj
             seen.add(i)
             m = every.get(i)
             note = again if r is not None and i == r.old else ""
-            ids, chains = found.setdefault((m.op.value if m is not None else "", note), ([], []))
-            ids.append(i)
-            if via not in chains:
-                chains.append(via)
+            found.setdefault((m.op.value if m is not None else "", note, "" if note else via), []).append(i)
             if m is not None and m.absorbed and not is_copy(i, made, every):  # a copy's list is its product's
                 here = f"{via} → {m.op.value} %{m.id}" if via else f"{m.op.value} %{m.id}"
                 todo += [(j, here) for j in m.absorbed]
         into = f"absorbed into {n.op.value} %{n.id}{at}"
-        out[f"n{n.id}"] = [[op, ids, note or into + _via(chains)] for (op, note), (ids, chains) in found.items()]
+        out[f"n{n.id}"] = [[op, ids, note or into + (f" via {via}" if via else "")]
+                           for (op, note, via), ids in found.items()]
     return out
-
-
-def _via(chains: list[str]) -> str:
-    """` via A %1`, ` via A %1 and B %2`, ` directly and via A %1`, or "" (absorbed directly only)."""
-    nested = [c for c in chains if c]
-    if not nested:
-        return ""
-    return (" directly and" if "" in chains else "") + " via " + " and ".join(nested)
 
 
 _SPANS: DigestCache[dict[int, tuple[int, int]]] = DigestCache(limit=8)
