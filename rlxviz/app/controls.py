@@ -18,6 +18,7 @@ from .sources import (
     allowed_dirs,
     dropped_elsewhere,
     max_upload_bytes,
+    names_ir_file,
     where_big_files,
 )
 from .state import SHAPE_VARIANT, SOURCES, VARIANT_LABELS, AppState, move_position
@@ -218,7 +219,7 @@ class ModelControls(Viewer):
         typed in the path box (its shapes are written in it)."""
         s = self.state
         self.source.value = self.shown = s.source
-        ir = s.source == "ir" or (s.source == "checkpoint" and s.checkpoint_dir.strip().lower().endswith(IR_SUFFIXES))
+        ir = s.source == "ir" or (s.source == "checkpoint" and names_ir_file(s.checkpoint_dir))
         for w in (self.batch, self.seq, self.dims, self.text, self.style):
             w.disabled = ir
         self.shape_note.object = ("*Batch, sequence length, style and text do not apply to IR text: its shapes "

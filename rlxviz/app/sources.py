@@ -126,6 +126,12 @@ DROP_TAKES = "one .onnx file (its weights inside) or a checkpoint's config.json 
 IR_SUFFIXES = _LOADER_IR_SUFFIXES
 """IR text files (the loader's list), read by the IR editor's file box (`ModelControls.ir_file`), not by the drop
 zone."""
+
+
+def names_ir_file(path: str) -> bool:
+    """Whether `path` (as typed in the path box) names an IR text file by its suffix (`IR_SUFFIXES`, any case): the
+    one test the path box's checks, the shape controls and the variant's drop reason read."""
+    return path.strip().lower().endswith(IR_SUFFIXES)
 EXTERNAL_DATA_SUFFIXES = (".data", ".onnx_data", ".onnx.data", ".weight", ".weights")
 """Files an `.onnx` file's external data is commonly stored in: read in place, by path, never uploaded."""
 
@@ -230,7 +236,7 @@ def check_path_kind(path: str, allowed: list[Path]) -> None:
                               f"opens {PATH_TAKES}).")
         if name.endswith(".onnx") or name == "config.json":
             return
-        if name.endswith(IR_SUFFIXES):
+        if names_ir_file(name):
             check_ir_size(path, real.stat().st_size)
             return
         raise SourceError(f"{path}: neither a checkpoint folder, an .onnx file nor an IR text file"

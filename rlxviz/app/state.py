@@ -37,7 +37,7 @@ from .jobs import Runner
 from .measure import TIMING_RUNS, Measurements
 from .pipeline_edits import PipelineEdits, move_position
 from .runs import NO_TIMING, RUNS, Runs, import_check
-from .sources import IR_SUFFIXES
+from .sources import names_ir_file
 from .views import AUTO, COLLAPSED, VIEWS
 from .wording import SHAPE_VARIANT, VARIANT_LABELS, scrub_paths
 
@@ -366,7 +366,7 @@ class AppState(Derived, PipelineEdits, param.Parameterized):
             path = self.checkpoint_dir.strip()
             if path.lower().endswith(".onnx"):
                 return session.variant_unavailable(v, "onnx", PurePath(path).stem or path, False)
-            if path.lower().endswith(IR_SUFFIXES):
+            if names_ir_file(path):
                 return session.variant_unavailable(v, "ir", PurePath(path).name or path, False)
             return ""
         if self.source == "ir":
