@@ -94,6 +94,7 @@ def test_the_app_asks_for_the_dims_box_then_loads_with_it(tmp_path, monkeypatch)
            "dimensions 2 (height), 3 (width)" in s.message, s.message
     assert "--dim" not in s.message and "--inputs" not in s.message and f"Still showing {shown}" in s.message
     assert "beside the model" not in s.message  # no inputs file beside it
+    assert s.dims_hint == "height=N width=N"  # no value known: the message's N
     s.dims = "height=bad"
     assert s.message_kind == "danger" and "Input dims: 'height=bad' is not NAME=N" in s.message, s.message
     s.dims = "height=4 width=5"
@@ -183,6 +184,8 @@ def test_the_app_names_every_unbound_dim_and_the_shapes_beside_the_model(monkeyp
             "deit.optimum.npz beside the model); input 'pixel_values': cannot bind dimensions 1 (num_channels), "
             "2 (height), 3 (width)") in s.message, s.message
     assert "--dim" not in s.message and "--inputs" not in s.message and "Still showing bert-tiny" in s.message
+    # the empty box's placeholder is what the message asks for, not the 224 x 224 example (newcomer run 39)
+    assert s.dims_hint == "num_channels=3 height=32 width=32"
     s.dims = "num_channels=3 height=32 width=32"
     assert s.model.name == "deit.optimum" and s.message_kind != "danger", s.message
     assert [n.shape for n in s.model.graph.inputs][0][1:] == (3, 32, 32)
@@ -267,3 +270,19 @@ def test_the_cli_names_the_dims_a_shape_error_followed_from():
     assert (f"error: {DEIT}: --dim num_channels=3 --dim height=64 --dim width=64 do not fit this model: Add node "
             "'/embeddings/Add' (opset 18): ShapeError:") in r.stderr, r.stderr
     assert r.stderr.rstrip().endswith("; change or leave out the --dim values"), r.stderr
+
+
+def test_the_dims_boxs_placeholder_follows_the_model_that_asked(monkeypatch):
+    """The Input dims box's placeholder is what the last unbound-dims message asks to type, shown in the widget, and
+    another model's source puts the example back (deit.optimum's message said height=32 under a 224 example)."""
+    from rlxviz.app.controls import ModelControls
+    from rlxviz.app.sources import DIMS_EXAMPLE
+
+    monkeypatch.setenv(ALLOWED_DIRS_ENV, str(DEIT.parent))
+    s = AppState(runner=Runner(background=False), preset="bert-tiny", seq=8)
+    box = ModelControls(state=s).dims
+    assert box.placeholder == DIMS_EXAMPLE
+    s.param.update(checkpoint_dir=str(DEIT), source="checkpoint")
+    assert box.placeholder == "num_channels=3 height=32 width=32", s.message
+    s.source = "preset"
+    assert box.placeholder == DIMS_EXAMPLE

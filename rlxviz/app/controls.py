@@ -139,8 +139,9 @@ class ModelControls(Viewer):
         # a note about a shape is about the model it was typed for: another model or source, and it no longer holds
         s.param.watch(lambda *e: self.notes.drop("batch", "seq"), ["source", "preset", "upload_id", "checkpoint_dir"])
         self.dims = pn.widgets.TextInput.from_param(s.param.dims, name=f"{DIMS_BOX} (an .onnx export's other dims)",
-                                                    placeholder="num_channels=3 height=224 width=224",
-                                                    sizing_mode="stretch_width", css_classes=["rv-dims"])
+                                                    placeholder=s.dims_hint, sizing_mode="stretch_width",
+                                                    css_classes=["rv-dims"])
+        s.param.watch(lambda e: setattr(self.dims, "placeholder", e.new), "dims_hint")
         self.text = pn.widgets.TextAreaInput.from_param(s.param.text, name="Text to tokenize (real models)",
                                                         rows=3, auto_grow=True, max_rows=8,
                                                         sizing_mode="stretch_width", css_classes=["rv-text"])

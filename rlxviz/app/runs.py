@@ -307,6 +307,8 @@ class Runs:
         kept = self._dims_from[1] if self._dims_from[0] == " ".join(s.dims.split()) else ""  # a box kept from it
         s._error(explain_error(e, s.source, s.preset, onnx=self._asked_onnx(), text=s.ir_text if at else None,
                                dims_from=kept))
+        if isinstance(e, session.UnboundDimsError):  # the empty box shows what the message asks to type
+            s.dims_hint = e.pairs()
         self._keep_shown()
         refused = isinstance(e, SourceError) or (s.source == "checkpoint" and self._model_key != s.model_key())
         if refused and s.model is not None and "Still showing" not in s.message:

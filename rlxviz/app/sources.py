@@ -32,6 +32,8 @@ MAX_UPLOAD_ENV = "RLXVIZ_MAX_UPLOAD_MB"
 DEFAULT_MAX_UPLOAD_MB = 200
 MAX_CONFIG_BYTES = 1 << 20
 MAX_IR_CHARS = 2_000_000
+DIMS_EXAMPLE = "num_channels=3 height=224 width=224"
+"""The Input dims box's example (an image model's `pixel_values` dims), shown until a model asks for its own."""
 
 
 class SourceError(ValueError):
@@ -51,7 +53,7 @@ def parse_dims(text: str) -> tuple[tuple[str, int], ...]:
             pairs.append(parse_dim(item))
         except DimError:
             raise SourceError(f"Input dims: {item[:80]!r} is not NAME=N with N a positive whole number (e.g. "
-                              f"num_channels=3 height=224 width=224).") from None
+                              f"{DIMS_EXAMPLE}).") from None
     return tuple(pairs)
 
 

@@ -37,7 +37,7 @@ from .jobs import Runner
 from .measure import TIMING_RUNS, Measurements
 from .pipeline_edits import PipelineEdits, move_position
 from .runs import NO_TIMING, RUNS, Runs, import_check
-from .sources import names_ir_file
+from .sources import DIMS_EXAMPLE, names_ir_file
 from .views import AUTO, COLLAPSED, VIEWS
 from .wording import SHAPE_VARIANT, VARIANT_LABELS, scrub_paths
 
@@ -101,6 +101,8 @@ class AppState(Derived, PipelineEdits, param.Parameterized):
     seq = param.Integer(session.DEFAULT_SEQ, bounds=(2, 512), doc="Sequence length (tokens; default: as the CLI's).")
     dims = param.String("", doc="Values of an .onnx export's symbolic input dims that batch and sequence length do "
                               "not bind, as NAME=N pairs (`num_channels=3 height=224 width=224`): the CLI's --dim.")
+    dims_hint = param.String(DIMS_EXAMPLE, doc="What the Input dims box shows while empty: the pairs the last "
+                             "unbound-dims message asked for (`num_channels=3 height=32 width=32`), else an example.")
     text = param.String("rlxviz shows why a fusion did or did not happen.", doc="Text to tokenize for real models.")
     variant = param.Selector(objects=list(VARIANT_LABELS), default="none", doc="Teaching variant.")
     variant_layer = param.Integer(0, bounds=(0, None), doc="Layer the teaching variant changes.")
@@ -388,6 +390,12 @@ class AppState(Derived, PipelineEdits, param.Parameterized):
         reason = self.variant_drop_reason()
         if reason:
             self.drop_variant(reason)
+
+    @param.depends("source", "preset", "checkpoint_dir", "upload_id", watch=True)
+    def _forget_dims_hint(self) -> None:
+        """The dims a model asked for are that model's: another source shows the Input dims box's example until it
+        asks for its own (declared before `_reload`, whose failed load sets the new model's)."""
+        self.dims_hint = DIMS_EXAMPLE
 
     @param.depends("model_key", "pipeline_key", watch=True)
     def _reload(self) -> None:

@@ -92,11 +92,16 @@ class UnboundDimsError(SessionError):
         self.model, self.what, self.names, self.input = model, what or message, tuple(names), input
         self.beside, self.proposed, self.said, self.path = beside, dict(proposed or {}), said or message, path
 
+    def pairs(self, pair: str = "{name}={value}") -> str:
+        """The dims to type, each as `pair` (`DimsWords.pair`), with the value the inputs file beside the model gives
+        or `N`: `num_channels=3 height=32 width=32` (the app's Input dims box shows them as its placeholder)."""
+        return " ".join(pair.format(name=n, value=self.proposed.get(n, "N")) for n in self.names)
+
     def said_as(self, words: DimsWords) -> str:
         """The message in a front end's `words`, the dims to type first: `M: set past=7 in the sidebar's Input dims
         box (from the shapes in qwen2.kv.npz beside the model); input 'attention_mask': dimension 1 (past + 1) needs
         'past'`; with no value known, `N` stands for it; without such a file, `--dim` is the importer's own line's."""
-        given = " ".join(words.pair.format(name=n, value=self.proposed.get(n, "N")) for n in self.names)
+        given = self.pairs(words.pair)
         source = ""
         if self.beside:
             source = (f" (from the shapes in {self.beside} beside {words.beside})" if self.proposed else
