@@ -286,3 +286,19 @@ def test_the_dims_boxs_placeholder_follows_the_model_that_asked(monkeypatch):
     assert box.placeholder == "num_channels=3 height=32 width=32", s.message
     s.source = "preset"
     assert box.placeholder == DIMS_EXAMPLE
+
+
+def test_the_dims_box_is_off_for_a_checkpoint_folder(tmp_path, monkeypatch):
+    """A Hugging Face checkpoint folder has no symbolic dims: the Input dims box, which it ignores, is disabled with a
+    note saying why; an `.onnx` path turns it back on (newcomer run: the box was silently ignored)."""
+    from rlxviz.app.controls import ModelControls
+
+    monkeypatch.setenv(ALLOWED_DIRS_ENV, f"{tmp_path}:{DEIT.parent}")
+    s = AppState(runner=Runner(background=False), preset="bert-tiny", seq=8)
+    mc = ModelControls(state=s)
+    assert not mc.dims.disabled and mc.shape_note.object == ""
+    s.param.update(checkpoint_dir=str(tmp_path), source="checkpoint")  # a folder (refused: no config.json in it)
+    assert mc.dims.disabled and "apply to an .onnx export only" in mc.shape_note.object
+    assert not mc.batch.disabled and not mc.seq.disabled
+    s.param.update(checkpoint_dir=str(DEIT))
+    assert not mc.dims.disabled and mc.shape_note.object == ""
