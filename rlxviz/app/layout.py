@@ -20,17 +20,30 @@ panes of 560 px and the page's margins need about 1600 px."""
 
 
 class FoldSidebar(JSComponent):
-    """Folds the template's sidebar once, when the page is first drawn in a window narrower than `narrow` px
-    (calls the template's own `closeNav`, so its ☰ button opens it again). Draws nothing."""
+    """Folds the template's sidebar in a window narrower than `narrow` px when the page is first drawn, and again
+    each time `folds` goes up (`fold_for_drawer`: the node drawer opened; beside an open sidebar at 1280 px it left
+    the after pane ~97 px). Calls the template's own `closeNav`, so its ☰ button opens it again. Draws nothing."""
 
     narrow = param.Integer(NARROW_PX)
+    folds = param.Integer(0, doc="Raised to fold the sidebar now (in a narrow window only).")
 
     _esm = """
 export function render({ model, el }) {
   el.style.display = 'none';
-  if (window.innerWidth < model.narrow && typeof window.closeNav === 'function') window.closeNav();
+  const fold = () => {
+    if (window.innerWidth < model.narrow && typeof window.closeNav === 'function') window.closeNav();
+  };
+  fold();
+  model.on('folds', fold);
 }
 """
+
+
+def fold_for_drawer(fold: FoldSidebar, state: AppState) -> None:
+    """Fold the sidebar (in a narrow window) when a node is selected with none selected before: the node drawer
+    (`panels.DRAWER_PX`, 360 px over the after pane's right edge) then opens beside panes of ~600 px, not ~460."""
+    state.param.watch(lambda e: e.old is None and e.new is not None and fold.param.update(folds=fold.folds + 1),
+                      "selected_node")
 
 
 def next_tick(fn: Callable[[], object]) -> None:

@@ -18,7 +18,7 @@ from ..session.isolated import spare_ready, stop_children
 from .access import refusal
 from .controls import ModelControls, PipelineControls, VariantControls
 from .jobs import Runner
-from .layout import ConnectionNotice, FoldSidebar, follow_editor
+from .layout import ConnectionNotice, FoldSidebar, fold_for_drawer, follow_editor
 from .panels import IRView, VersionStepper, graph_tab
 from .sources import remove_stale_uploads, remove_uploads
 from .start import StartHere
@@ -178,12 +178,14 @@ def build_app(state: AppState | None = None) -> pn.template.BaseTemplate:
     # the ops-per-version chips wrap (two lines at 1280 px); the IR editor, which edits the input, gets their height
     editor_tab = len(tabs) - 1
     tabs.param.watch(lambda e: setattr(stepper.counts, "visible", e.new != editor_tab), "active")
+    fold = FoldSidebar()
+    fold_for_drawer(fold, state)
     tmpl = pn.template.FastListTemplate(
         title=TITLE, sidebar_width=340, accent="#1565c0", header_background="#0d47a1", theme_toggle=False,
         main_layout=None,  # no card round the main area: its margins took 30 px of the graph's height at 800 px
         design=LocalFast, font=FONT, font_url="", raw_css=[MAIN_CSS],
         sidebar=[model, VariantControls(state=state), PipelineControls(state=state)],
-        header=[FoldSidebar(), start.back, ConnectionNotice()],
+        header=[fold, start.back, ConnectionNotice()],
         main=[pn.Column(start, StatusBar(state=state), stepper, tabs, sizing_mode="stretch_both")])
     tmpl.state = state  # type: ignore[attr-defined]  # handy for tests and notebooks
     return tmpl
