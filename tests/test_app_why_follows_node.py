@@ -121,3 +121,20 @@ def test_a_node_clicked_in_the_before_pane_is_found_in_that_version():
     s.param.update(selected_before=True, selected_node=node)
     assert s.selected_layer == s.node_layer(node, before=True) and int(s.selected_layer) > 0
     assert s.node_layer(node) == s.selected_layer  # not in the version shown: found in another
+
+
+def test_a_layer_picked_in_the_graph_tab_is_the_why_tabs():
+    """A layer box clicked (or picked in the focus view) in the Graph tab before the Why tab was first shown: the tab
+    opens on it, not on its own default (layer 0 here, every layer fused), and keeps it over a new run of the model
+    (newcomer runs 35-39: the tab followed a clicked node's layer, not a picked one)."""
+    s = AppState(runner=Runner(background=False), preset="bert-tiny", seq=8)
+    assert len(s.layers()) == 2
+    s.toggle_layer(1)  # the collapsed overview's layer 1 box
+    why = WhyView(state=s)
+    assert heading(why) == "### Layer 1", heading(why)
+    s.threshold = 4  # another pipeline: a new run of the same model
+    assert s.trace is not None and heading(why) == "### Layer 1", heading(why)
+    s.toggle_layer(0)  # picked again in the Graph tab, the tab shown
+    assert heading(why) == "### Layer 0", heading(why)
+    fresh = AppState(runner=Runner(background=False), preset="bert-tiny", seq=8)
+    assert heading(WhyView(state=fresh)) == "### Layer 0"  # nothing picked: the tab's own default

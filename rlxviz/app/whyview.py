@@ -238,6 +238,7 @@ class WhyView(Viewer):
         self.layer = pn.widgets.Select(name="Layer", options=self._layers(), value=s.selected_layer,
                                        width=select_width(self._layers(), 120), css_classes=["rv-why-layer"])
         self._auto = True  # the layer shown was picked here, not by the user: each new run picks again
+        self._picked: object = None  # the layer this tab picked itself last (`_default_layer`)
         self._syncing = False
         self.layer.param.watch(self._chosen, "value")
         self.text = pn.pane.Markdown(working_line(len(s.layers())) if s.trace is not None else "",
@@ -284,9 +285,15 @@ class WhyView(Viewer):
 
     def _update(self, *events: param.parameterized.Event) -> None:
         s = self.state
+        if s.selected_layer is not None and s.selected_layer != self._picked and (
+                not events or any(e.name == "selected_layer" for e in events)):
+            # a layer picked outside the tab (a layer box or the focus picker in the Graph tab, a clicked node, a
+            # table row), before the tab was first shown or since: the user's, kept as one picked here is (the
+            # tab opened on its own default instead: newcomer runs 35-39)
+            self._auto = False
         new_run = not events or any(e.name == "trace" for e in events)
         if self._auto and s.trace is not None and s.layers() and (s.selected_layer is None or new_run):
-            pick = self._default_layer()
+            pick = self._picked = self._default_layer()
             if pick != s.selected_layer:
                 s.selected_layer = pick  # its watcher draws the tab
                 return
