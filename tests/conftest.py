@@ -22,6 +22,9 @@ import os
 from pathlib import Path
 
 import pytest
+from served import pool_fixture
+
+server_pool = pool_fixture()  # the browser files' served apps, one per environment (`served.ServerPool`)
 
 HERE = Path(__file__).parent
 
@@ -139,7 +142,11 @@ node of it is clicked (search_visible: a click on the full picture just before i
 Checked as the shared tier runs them, the six files alone, `-n 2 --dist loadgroup`, beside two CPU burners (AMD EPYC
 2-core, load average ~14 from other sessions): 3 runs before that click's wait (pass 170 s, 1 fail 231 s, pass
 265 s), then 3 passing runs (256 s, 277 s, 276 s). test_browser_newcomer_why.py (it presses the Timing button) and
-test_browser_newcomer_nav.py (it opens the Timing tab, `test_shared_browser_tier.TIMES`) stay in the serial run."""
+test_browser_newcomer_nav.py (it opens the Timing tab, `test_shared_browser_tier.TIMES`) stay in the serial run.
+
+Since 2026-12-07 these files share one served app per worker (`served.shared_server_fixture`, `served.ServerPool`:
+the zoo's and the cases' folders allowed), not one each: the fifteen files, `-n 2 --dist loadgroup`, took 265 s
+against 306 s with a server per file (2-core AMD EPYC, a newcomer run's app and browser also running)."""
 
 SHARED_BROWSER_TESTS: dict[str, tuple[str, ...]] = {
     "test_browser_app.py": (

@@ -12,7 +12,7 @@ import sys
 import time
 import urllib.request
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 from playwright.sync_api import Browser, BrowserContext, Page, expect, sync_playwright
@@ -249,16 +249,76 @@ def child_cpu_seconds() -> dict[str, float]:
     return out
 
 
-def server_fixture(log_name: str, env: dict[str, str] | None = None):  # noqa: ANN201 - a pytest fixture
-    """A module-scoped fixture serving the app (`served_app` on a free localhost port, `env` over the environment);
-    it yields (page URL, server start time). One definition for every browser test module."""
+FIXTURES = ROOT / "tests" / "fixtures" / "onnx"
+SHARED_ENV = {"RLXVIZ_ALLOWED_DIRS": os.pathsep.join(str(FIXTURES / d) for d in ("zoo", "cases"))}
+"""The environment of the served app the shared browser files use (`shared_server_fixture`): paths under the zoo's
+and the handed cases' folders open; every other setting the app's default."""
+
+
+class ServerPool:
+    """Served apps kept for the whole pytest process, one per environment, so browser files that need the same one
+    start it once (each start costs ~6 s of CPU: Panel's import, the first session, the isolated loader's spare),
+    stopped when the process ends (`server_pool`)."""
+
+    def __init__(self) -> None:
+        self._stack = ExitStack()
+        self._served: dict[tuple, tuple[str, float, str]] = {}
+
+    def get(self, env: dict[str, str]) -> tuple[str, float, str]:
+        """(page URL, start time, log name under test-artifacts/) of the app served with `env` over the
+        environment, started on first use."""
+        key = tuple(sorted(env.items()))
+        if key not in self._served:
+            port = free_port()
+            log = f"server-shared-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}-{len(self._served)}.log"
+            t0 = self._stack.enter_context(served_app(port, "127.0.0.1", [f"127.0.0.1:{port}"],
+                                                      {**os.environ, **env}, log))
+            self._served[key] = (f"http://127.0.0.1:{port}/app", t0, log)
+        return self._served[key]
+
+    def close(self) -> None:
+        self._stack.close()
+
+
+def pool_fixture():  # noqa: ANN201 - a pytest fixture
+    """The session-scoped `server_pool` fixture (tests/conftest.py defines it with this)."""
+    import pytest
+
+    @pytest.fixture(scope="session")
+    def server_pool() -> Iterator[ServerPool]:
+        pool = ServerPool()
+        try:
+            yield pool
+        finally:
+            pool.close()
+
+    return server_pool
+
+
+def shared_server_fixture():  # noqa: ANN201 - a pytest fixture
+    """A module-scoped fixture: the app served with `SHARED_ENV`, shared by every file of this pytest process that
+    asks for it (`ServerPool`); yields (page URL, server start time, log name). For browser files whose tests leave
+    nothing behind on the server that another file could see (no Timing run, no stored result)."""
     import pytest
 
     @pytest.fixture(scope="module")
-    def server() -> Iterator[tuple[str, float]]:
+    def server(server_pool: ServerPool) -> tuple[str, float, str]:
+        return server_pool.get(SHARED_ENV)
+
+    return server
+
+
+def server_fixture(log_name: str, env: dict[str, str] | None = None):  # noqa: ANN201 - a pytest fixture
+    """A module-scoped fixture serving the app (`served_app` on a free localhost port, `env` over the environment);
+    it yields (page URL, server start time, log name). One definition for every browser test module that needs a
+    served app of its own (`shared_server_fixture` otherwise)."""
+    import pytest
+
+    @pytest.fixture(scope="module")
+    def server() -> Iterator[tuple[str, float, str]]:
         port = free_port()
         with served_app(port, "127.0.0.1", [f"127.0.0.1:{port}"], {**os.environ, **(env or {})}, log_name) as t0:
-            yield f"http://127.0.0.1:{port}/app", t0
+            yield f"http://127.0.0.1:{port}/app", t0, log_name
 
     return server
 

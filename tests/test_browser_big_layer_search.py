@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 from playwright.sync_api import expect
-from served import WAIT_MS, browser_fixture, idle, open_path, server_fixture, settled, watched_page
+from served import WAIT_MS, browser_fixture, idle, open_path, settled, shared_server_fixture, watched_page
 
 pytestmark = pytest.mark.slow
 expect.set_options(timeout=WAIT_MS)
 
 ZOO = Path(__file__).parent / "fixtures" / "onnx" / "zoo"
-server = server_fixture("server-big-layer-search.log", {"RLXVIZ_ALLOWED_DIRS": str(ZOO)})
+server = shared_server_fixture()
 browser = browser_fixture()
 
 

@@ -10,14 +10,14 @@ from pathlib import Path
 
 import pytest
 from playwright.sync_api import expect
-from served import ART, WAIT_MS, browser_fixture, idle, open_sidebar, open_tab, server_fixture, watched_page
+from served import ART, WAIT_MS, browser_fixture, idle, open_sidebar, open_tab, shared_server_fixture, watched_page
 
 GRANITE = Path(__file__).parent / "fixtures" / "onnx" / "cases" / "granite.onnx"
 
 pytestmark = pytest.mark.slow
 expect.set_options(timeout=WAIT_MS)
 
-server = server_fixture("server-drawing-title.log", env={"RLXVIZ_ALLOWED_DIRS": str(GRANITE.parent)})
+server = shared_server_fixture()
 browser = browser_fixture()
 
 CAPTION_JS = """(e) => { const s = getComputedStyle(e); const r = e.getBoundingClientRect();

@@ -23,14 +23,14 @@ from served import (
     choose_version,
     close_inspector,
     open_tab,
-    server_fixture,
+    shared_server_fixture,
     watched_page,
 )
 
 expect.set_options(timeout=WAIT_MS)
 
 
-server = server_fixture("server-flows.log")
+server = shared_server_fixture()
 browser = browser_fixture()
 
 

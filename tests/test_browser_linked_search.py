@@ -11,12 +11,12 @@ import re
 
 import pytest
 from playwright.sync_api import expect
-from served import ART, WAIT_MS, browser_fixture, idle, server_fixture, settled, watched_page
+from served import ART, WAIT_MS, browser_fixture, idle, settled, shared_server_fixture, watched_page
 
 pytestmark = pytest.mark.slow
 expect.set_options(timeout=WAIT_MS)
 
-server = server_fixture("server-linked-search.log")
+server = shared_server_fixture()
 browser = browser_fixture()
 
 

@@ -4,11 +4,11 @@ blue was unreadable). tests/test_app_matches_table.py holds the same without a b
 
 import pytest
 from playwright.sync_api import expect
-from served import ART, WAIT_MS, browser_fixture, open_tab, server_fixture, watched_page
+from served import ART, WAIT_MS, browser_fixture, open_tab, shared_server_fixture, watched_page
 
 expect.set_options(timeout=WAIT_MS)
 
-server = server_fixture("server-matches-table.log")
+server = shared_server_fixture()
 browser = browser_fixture()
 
 

@@ -20,7 +20,7 @@ from served import (
     close_inspector,
     open_sidebar,
     open_tab,
-    server_fixture,
+    shared_server_fixture,
     watched_page,
 )
 
@@ -29,7 +29,7 @@ expect.set_options(timeout=WAIT_MS)
 BART = Path(__file__).parent / "fixtures" / "onnx" / "zoo" / "bart.encdec.onnx"
 
 
-server = server_fixture("server-nav.log")
+server = shared_server_fixture()
 browser = browser_fixture()
 
 

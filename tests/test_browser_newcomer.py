@@ -13,12 +13,11 @@ from pathlib import Path
 
 import pytest
 from playwright.sync_api import expect
-from served import ART, WAIT_MS, browser_fixture, open_sidebar, open_tab, server_fixture, watched_page
+from served import ART, WAIT_MS, browser_fixture, open_sidebar, open_tab, shared_server_fixture, watched_page
 
 expect.set_options(timeout=WAIT_MS)
 
-LOG = "server-newcomer.log"
-server = server_fixture(LOG)
+server = shared_server_fixture()
 browser = browser_fixture()
 W, H = 1280, 800
 ONNX = Path(__file__).parent / "fixtures" / "onnx"
@@ -109,6 +108,6 @@ def test_the_server_log_holds_no_sizing_warning(browser, server):
         open_sidebar(pg)
         pg.get_by_role("button", name="Upload").click()
         pg.wait_for_timeout(500)
-    log = (ART / LOG).read_text()
+    log = (ART / server[2]).read_text()  # the shared server's: every shared file's pages wrote to it
     assert "Bokeh app running" in log
     assert "W-1005" not in log and "FIXED_SIZING_MODE" not in log, [ln for ln in log.splitlines() if "W-10" in ln]

@@ -5,11 +5,11 @@ same without a browser)."""
 
 import pytest
 from playwright.sync_api import expect
-from served import WAIT_MS, browser_fixture, open_sidebar, server_fixture, watched_page
+from served import WAIT_MS, browser_fixture, open_sidebar, shared_server_fixture, watched_page
 
 expect.set_options(timeout=WAIT_MS)
 
-server = server_fixture("server-number-boxes.log")
+server = shared_server_fixture()
 browser = browser_fixture()
 W, H = 1280, 800
 

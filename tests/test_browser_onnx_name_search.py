@@ -11,13 +11,13 @@ from pathlib import Path
 import onnx
 import pytest
 from playwright.sync_api import expect
-from served import WAIT_MS, browser_fixture, idle, open_sidebar, server_fixture, watched_page
+from served import WAIT_MS, browser_fixture, idle, open_sidebar, shared_server_fixture, watched_page
 
 pytestmark = pytest.mark.slow
 expect.set_options(timeout=WAIT_MS)
 
 CASES = Path(__file__).parent / "fixtures" / "onnx" / "cases"
-server = server_fixture("server-onnx-name-search.log", {"RLXVIZ_ALLOWED_DIRS": str(CASES)})
+server = shared_server_fixture()
 browser = browser_fixture()
 
 

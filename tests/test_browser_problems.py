@@ -20,7 +20,7 @@ from served import (
     idle,
     open_sidebar,
     open_tab,
-    server_fixture,
+    shared_server_fixture,
     watched_page,
 )
 
@@ -31,7 +31,7 @@ from rlxviz.session.defaults import MIN_VERDICT_ROUNDS
 
 expect.set_options(timeout=WAIT_MS)
 
-server = server_fixture("server-problems.log")
+server = shared_server_fixture()
 browser = browser_fixture()
 
 W, H = 1280, 800

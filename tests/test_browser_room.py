@@ -29,7 +29,7 @@ from served import (
     free_port,
     open_tab,
     served_app,
-    server_fixture,
+    shared_server_fixture,
     watched_page,
 )
 
@@ -37,7 +37,7 @@ from rlxviz.app.layout import LOST_TEXT
 
 expect.set_options(timeout=WAIT_MS)
 
-server = server_fixture("server-room.log")
+server = shared_server_fixture()
 browser = browser_fixture()
 
 pytestmark = pytest.mark.slow

@@ -22,15 +22,15 @@ from served import (
     choose_preset,
     idle,
     open_sidebar,
-    server_fixture,
     settled,
+    shared_server_fixture,
     watched_page,
 )
 
 pytestmark = pytest.mark.slow
 expect.set_options(timeout=WAIT_MS)
 
-server = server_fixture("server-search-fit.log")
+server = shared_server_fixture()
 browser = browser_fixture()
 
 AFTER, BEFORE = ".rv-after", ".rv-before"

@@ -15,14 +15,22 @@ from pathlib import Path
 
 import pytest
 from playwright.sync_api import Page, expect
-from served import WAIT_MS, browser_fixture, close_inspector, idle, open_sidebar, server_fixture, settled, watched_page
+from served import (
+    WAIT_MS,
+    browser_fixture,
+    close_inspector,
+    idle,
+    open_sidebar,
+    settled,
+    shared_server_fixture,
+    watched_page,
+)
 
 pytestmark = pytest.mark.slow
 expect.set_options(timeout=WAIT_MS)
 
 FIX = Path(__file__).parent / "fixtures" / "onnx"
-server = server_fixture("server-search-visible.log",
-                        {"RLXVIZ_ALLOWED_DIRS": f"{FIX / 'zoo'}:{FIX / 'cases'}"})
+server = shared_server_fixture()
 browser = browser_fixture()
 
 

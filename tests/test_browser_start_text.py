@@ -6,11 +6,11 @@ no console error, no request off the machine. Screenshots: test-artifacts/start-
 
 import pytest
 from playwright.sync_api import expect
-from served import ART, WAIT_MS, browser_fixture, idle, open_sidebar, server_fixture, watched_page
+from served import ART, WAIT_MS, browser_fixture, idle, open_sidebar, shared_server_fixture, watched_page
 
 expect.set_options(timeout=WAIT_MS)
 
-server = server_fixture("server-start-text.log")
+server = shared_server_fixture()
 browser = browser_fixture()
 
 pytestmark = pytest.mark.slow

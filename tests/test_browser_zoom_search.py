@@ -18,8 +18,8 @@ from served import (
     idle,
     open_sidebar,
     open_tab,
-    server_fixture,
     settled,
+    shared_server_fixture,
     watched_page,
 )
 
@@ -27,7 +27,7 @@ pytestmark = pytest.mark.slow
 expect.set_options(timeout=WAIT_MS)
 
 CASES = Path(__file__).parent / "fixtures" / "onnx" / "cases"
-server = server_fixture("server-zoom-search.log", {"RLXVIZ_ALLOWED_DIRS": str(CASES)})
+server = shared_server_fixture()
 browser = browser_fixture()
 
 WHY = ".rv-why-graph"
