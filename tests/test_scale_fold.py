@@ -318,3 +318,16 @@ def test_the_app_says_the_workaround_where_it_says_the_gap():
     # the words alone decide nothing: the same items without the flag say the compiler's fix only
     plain = html.unescape(op_gap_mark(p.gaps, None, p.lacks))
     assert f": {GAP_IS_THE_COMPILERS}. " in plain and "a workaround in the model too" not in plain.split(". ")[0]
+
+
+def test_a_float16_fold_says_what_its_rounding_did(capsys):
+    """granite.fp16 (newcomer run 40): the fold's line gave 1/sqrt(8) as 0.353553 and then the new constant 0.353516
+    beside it, and the weight's ratio 0.848633 as 0.300049 / 0.353553 (0.848666), saying nothing of float16. Each
+    value its dtype rounds says the value meant and the rounding; a float32 model's line is unchanged (above)."""
+    code, text, err = cli_run(capsys, "explain", "-v", HERE / "fixtures" / "onnx" / "zoo" / "granite.fp16.onnx")
+    assert "Traceback" not in err, err
+    fixes = [ln.strip() for ln in text.splitlines() if ln.strip().startswith("a workaround in the model: fold")]
+    assert fixes, text
+    for fix in fixes:
+        assert "by 0.848633 (0.300049 / 0.353553 = 0.848666, rounded to float16)" in fix, fix
+        assert "by 0.353516 (1/sqrt(8) = 0.353553, rounded to float16) instead of 0.300049" in fix, fix

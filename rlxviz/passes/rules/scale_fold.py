@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from ...ir import Graph, Node, Op, Rewriter
+from ...ir import DType, Graph, Node, Op, Rewriter
 from ..pattern import is_const
 from ..refusal_kinds import ROUNDING_ONLY
 from ..trace import Rejection
@@ -270,16 +270,29 @@ def fold_hint(g: Graph, f: ScaleFold) -> str:
     linear = " and RoPE is linear" if f.rope else ""
     why = (f"exact here: {f.ratio:.6g} is a power of two{linear}" if f.exact else
            f"{ROUNDING_ONLY}: {f.ratio:.6g} is not a power of two")
+    # a value its dtype rounds where 6 digits show it (granite.fp16's 1/sqrt(8) became 0.353516 beside 0.353553,
+    # said nowhere): the value held, then the value meant and the rounding
+    cdt = g[f.factor_const].dtype if f.factor_const is not None else g[f.qk].dtype
+    div = f.factor is not None and g[f.factor].op == Op.DIV
+    meant = f"{'' if div else '1/'}sqrt({f.head_dim})"
+    held = _held(f.new_value, 1.0 / f.default if div else f.default, cdt, meant)
     if f.factor is None:
-        scaled = (f"a new mul of the scores (after {g[f.qk].op.value} node {f.qk}) by {f.new_value:.6g}, as they are "
-                  "not scaled now")
+        scaled = f"a new mul of the scores (after {g[f.qk].op.value} node {f.qk}) by {held}, as they are not scaled now"
     else:
         old = typed_value(g[f.factor_const]) if f.factor_const is not None else None
-        scaled = (f"the {ROLE_NAMES[f.role]} {g[f.factor].op.value} (node {f.factor}) by {f.new_value:.6g} instead of "
-                  f"{old:.6g}")
-    return (f"fold the scale into {short} ({p.op.value}, node {f.proj}): multiply {what} by {f.ratio:.6g} = "
-            f"{f.scale:.6g} / {f.default:.6g} and scale the scores by the default 1/sqrt({f.head_dim}): {scaled} "
-            f"({why})")
+        scaled = f"the {ROLE_NAMES[f.role]} {g[f.factor].op.value} (node {f.factor}) by {held} instead of {old:.6g}"
+    quotient = f"{f.scale:.6g} / {f.default:.6g}"
+    ratio = _held(f.ratio, f.scale / f.default, g[f.weight].dtype, quotient, said=f"{f.ratio:.6g} = {quotient}")
+    return (f"fold the scale into {short} ({p.op.value}, node {f.proj}): multiply {what} by {ratio} and scale the "
+            f"scores by the default 1/sqrt({f.head_dim}): {scaled} ({why})")
+
+
+def _held(value: float, meant: float, dtype: DType, formula: str, said: str = "") -> str:
+    """`value` (what `dtype` holds of `meant`, the value of `formula`) as a fix line says it: `said` (default
+    `value`) where 6 digits show no rounding; else `0.353516 (sqrt(8) ... = 0.353553, rounded to float16)`."""
+    if f"{value:.6g}" == f"{meant:.6g}":
+        return said or f"{value:.6g}"
+    return f"{value:.6g} ({formula} = {meant:.6g}, rounded to {np.dtype(dtype.numpy).name})"
 
 
 def folded_graph(g: Graph, f: ScaleFold) -> Graph:
