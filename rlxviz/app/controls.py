@@ -222,14 +222,16 @@ class ModelControls(Viewer):
         self.source.value = self.shown = s.source
         path = s.checkpoint_dir.strip()
         ir = s.source == "ir" or (s.source == "checkpoint" and names_ir_file(path))
-        # a checkpoint folder (config.json + model.safetensors) has no symbolic dims: the box would be ignored
+        # a folder (a checkpoint: config.json + model.safetensors, or none) has no symbolic dims: the box would be
+        # ignored; the note does not call it a checkpoint (newcomer run 41: after "a folder without config.json")
         folder = s.source == "checkpoint" and bool(path) and not ir and not path.lower().endswith(".onnx")
         for w in (self.batch, self.seq, self.text, self.style):
             w.disabled = ir
         self.dims.disabled = ir or folder
         self.shape_note.object = ("*Batch, sequence length, style and text do not apply to IR text: its shapes "
-                                  "are written in it.*" if ir else f"*{DIMS_BOX} apply to an .onnx export only: a "
-                                  "checkpoint folder's shapes are Batch and Sequence length.*" if folder else "")
+                                  "are written in it.*" if ir else f"*{DIMS_BOX} apply to an .onnx export only, not "
+                                  "to a folder: a checkpoint folder's shapes are Batch and Sequence length.*"
+                                  if folder else "")
 
     def _edit_shown(self) -> None:
         """Put the selected version's IR into the editor (and show the IR controls)."""

@@ -101,8 +101,10 @@ _DONE = re.compile(r"^(?P<op>\S+) %(?P<id>\d+) \((?P<pass>[^()]+)\)$")
 
 _LEFT_OUT_HEADINGS = {
     "left out": ("fusion left something out", "fusions left something out"),
-    MODEL_TERM: ("place keeps the model's own term (nothing to fix, not a near-miss)",
-                 "places keep the model's own terms (nothing to fix, not near-misses)"),
+    # a term kept as an operand (a causal band, ALiBi) or a structure the fused op cannot hold (cross-attention, a
+    # KV cache: `refusal_kinds.model_term_why`); newcomer run 41: marian's two cross-attentions were "own terms"
+    MODEL_TERM: ("place keeps the model's own term or structure (nothing to fix, not a near-miss)",
+                 "places keep the model's own terms or structure (nothing to fix, not near-misses)"),
     NOT_A_CANDIDATE: ("lookalike, not a candidate (nothing to fix, not a near-miss)",
                       "lookalikes, not candidates (nothing to fix, not near-misses)"),
     DOES_NOT_PAY: ("refusal the tool's own cost test made (it does not pay: nothing to fix, not a near-miss)",
