@@ -80,6 +80,7 @@ def test_newcomer_faults_in_the_page(browser, server, size):
         pg.locator(".rv-inspector-close button").click()
 
         # 3. timing: the split's input median is the chart's
+        open_sidebar(pg)  # at 1280 px the node drawer folded it (`layout.fold_for_drawer`)
         pg.get_by_role("button", name="Built-in").click()
         before = pg.locator(".rv-version select").inner_text()
         pg.locator(".rv-preset select").select_option("bert-tiny")
