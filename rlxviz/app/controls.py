@@ -19,6 +19,7 @@ from .sources import (
     dropped_elsewhere,
     max_upload_bytes,
     names_ir_file,
+    names_onnx_file,
     where_big_files,
 )
 from .state import SHAPE_VARIANT, SOURCES, VARIANT_LABELS, AppState, move_position
@@ -224,7 +225,7 @@ class ModelControls(Viewer):
         ir = s.source == "ir" or (s.source == "checkpoint" and names_ir_file(path))
         # a folder (a checkpoint: config.json + model.safetensors, or none) has no symbolic dims: the box would be
         # ignored; the note does not call it a checkpoint (newcomer run 41: after "a folder without config.json")
-        folder = s.source == "checkpoint" and bool(path) and not ir and not path.lower().endswith(".onnx")
+        folder = s.source == "checkpoint" and bool(path) and not ir and not names_onnx_file(path)
         for w in (self.batch, self.seq, self.text, self.style):
             w.disabled = ir
         self.dims.disabled = ir or folder
@@ -297,7 +298,7 @@ class ModelControls(Viewer):
         others = [k for k in event.new if k not in taken]
         self._dropped.update({k: v.encode("utf-8") if isinstance(v, str) else v for k, v in taken.items()})
         files = self._dropped
-        onnx = [k for k in taken if k.lower().endswith(".onnx")]
+        onnx = [k for k in taken if names_onnx_file(k)]
         cfg = [k for k in files if k.lower().endswith(".json")]
         st = [k for k in files if k.lower().endswith(".safetensors")]
         self._empty_drops()

@@ -33,6 +33,7 @@ from .sources import (
     check_ir_text,
     check_path_kind,
     check_upload,
+    names_onnx_file,
     parse_dims,
     resolve_in_roots,
     store_upload,
@@ -144,7 +145,7 @@ class Runs:
             if (onnx_file := Path(where) / ONNX_UPLOAD_NAME).is_file():
                 where = str(onnx_file)
             request = replace(request, source=where)
-        if s.dims.strip() and str(request.source).lower().endswith(".onnx"):  # a checkpoint has no dims to bind
+        if s.dims.strip() and names_onnx_file(str(request.source)):  # a checkpoint has no dims to bind
             request = replace(request, dims=parse_dims(s.dims))
         try:
             model = session.open_model(request)
@@ -329,12 +330,9 @@ class Runs:
 
     def _asked_onnx(self) -> bool:
         """The path or upload asked for is an ONNX file (not a config.json + model.safetensors checkpoint)."""
-        s = self.state
-        if s.source == "checkpoint":
-            return str(s.checkpoint_dir).strip().lower().endswith(".onnx")
-        if s.source == "upload":
-            return any(str(n).lower().endswith(".onnx") for n in (*self._upload_names, *self._upload_names.values()))
-        return False
+        s, up = self.state, self._upload_names
+        asked = {"checkpoint": [s.checkpoint_dir], "upload": [*up, *up.values()]}.get(s.source, [])
+        return any(names_onnx_file(str(n)) for n in asked)
 
     def _keep_shown(self) -> None:
         """After an upload refused before its graph was read: the model shown stays, with the fields asking for it
@@ -546,7 +544,7 @@ class Runs:
         self._model_key = ()
         dropped = {}
         if s.variant != "none":  # said in one line, kept after the switch's sentence (`AppState._say_switch`)
-            onnx = any(n.lower().endswith(".onnx") for n in names.values())
+            onnx = any(names_onnx_file(n) for n in names.values())
             name = upload_model_name(names, "the upload")
             why = (session.variant_unavailable(s.variant, "onnx", name, False) if onnx else
                    f"{name} is a new model, and a new model starts as built; choose the variant again to apply it")

@@ -134,6 +134,14 @@ def names_ir_file(path: str) -> bool:
     """Whether `path` (as typed in the path box) names an IR text file by its suffix (`IR_SUFFIXES`, any case): the
     one test the path box's checks, the shape controls and the variant's drop reason read."""
     return path.strip().lower().endswith(IR_SUFFIXES)
+
+
+def names_onnx_file(path: str) -> bool:
+    """Whether `path` (a path as typed, or a file name) names an `.onnx` file by its suffix (any case), as
+    `names_ir_file` does IR text: the test the path box's checks, the Input dims box and the loads read."""
+    return path.strip().lower().endswith(".onnx")
+
+
 EXTERNAL_DATA_SUFFIXES = (".data", ".onnx_data", ".onnx.data", ".weight", ".weights")
 """Files an `.onnx` file's external data is commonly stored in: read in place, by path, never uploaded."""
 
@@ -236,7 +244,7 @@ def check_path_kind(path: str, allowed: list[Path]) -> None:
             raise SourceError(f"{path}: refusing pickled checkpoint {real.name}: loading a pickle can execute "
                               "arbitrary code, so it is never opened; convert it to model.safetensors (the path box "
                               f"opens {PATH_TAKES}).")
-        if name.endswith(".onnx") or name == "config.json":
+        if names_onnx_file(name) or name == "config.json":
             return
         if names_ir_file(name):
             check_ir_size(path, real.stat().st_size)
@@ -354,13 +362,13 @@ def check_upload(files: dict[str, bytes], limit: int | None = None) -> dict[str,
     if total > limit:
         raise SourceError(f"The upload is {total / 2**20:.1f} MB; this server accepts at most {limit / 2**20:.0f} MB "
                           f"({MAX_UPLOAD_ENV}). {where_big_files()}")
-    onnx_files = [v for k, v in files.items() if k.lower().endswith(".onnx")]
+    onnx_files = [v for k, v in files.items() if names_onnx_file(k)]
     if onnx_files:
         if len(files) != 1:
             raise SourceError("Upload one .onnx file alone (with its weights inside; external data files cannot be "
                               f"uploaded), or config.json + model.safetensors (got: {', '.join(sorted(files))}"
                               f"{_goes(sorted(files))}).")
-        name = next(k for k in files if k.lower().endswith(".onnx"))
+        name = next(k for k in files if names_onnx_file(k))
         if why := onnx_layout_error(onnx_files[0]):  # refused here, before any field changes: no load, no stale mark
             raise SourceError(f"{name}: not a readable ONNX model ({why}).")
         return {ONNX_UPLOAD_NAME: onnx_files[0]}

@@ -37,7 +37,7 @@ from .jobs import Runner
 from .measure import TIMING_RUNS, Measurements
 from .pipeline_edits import PipelineEdits, move_position
 from .runs import NO_TIMING, RUNS, Runs, import_check
-from .sources import DIMS_EXAMPLE, names_ir_file
+from .sources import DIMS_EXAMPLE, names_ir_file, names_onnx_file
 from .views import AUTO, COLLAPSED, VIEWS
 from .wording import SHAPE_VARIANT, VARIANT_LABELS, scrub_paths
 
@@ -366,7 +366,7 @@ class AppState(Derived, PipelineEdits, param.Parameterized):
             return ""
         if self.source == "checkpoint":
             path = self.checkpoint_dir.strip()
-            if path.lower().endswith(".onnx"):
+            if names_onnx_file(path):
                 return session.variant_unavailable(v, "onnx", PurePath(path).stem or path, False)
             if names_ir_file(path):
                 return session.variant_unavailable(v, "ir", PurePath(path).name or path, False)
