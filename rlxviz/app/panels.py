@@ -123,7 +123,7 @@ def _places_tip(kinds: Mapping[str, list[str]], at: Mapping[str, list[int]] | No
                 ) -> tuple[int, str]:
     """(how many places, the tooltip's words) of a chip mark's places (group -> items; `at`: group -> the anchor node
     of each item): what is counted and at how many nodes, then the verdict's heading for each group
-    (`passes.why.text.left_out_heading`; `workaround`: `Places.gap_workaround`) and its items grouped by node."""
+    (`passes.why.text.left_out_heading`; `workaround`: `Places.gap_worked` > 0) and its items grouped by node."""
     n = sum(len(p) for p in kinds.values())
     at = at or {}
     groups, nodes = [], set()

@@ -289,7 +289,7 @@ def fold_hint(g: Graph, f: ScaleFold) -> str:
 
 def _held(value: float, meant: float, dtype: DType, formula: str, said: str = "") -> str:
     """`value` (what `dtype` holds of `meant`, the value of `formula`) as a fix line says it: `said` (default
-    `value`) where 6 digits show no rounding; else `0.353516 (sqrt(8) ... = 0.353553, rounded to float16)`."""
+    `value`) where 6 digits show no rounding; else `0.353516 (1/sqrt(8) = 0.353553, rounded to float16)`."""
     if f"{value:.6g}" == f"{meant:.6g}":
         return said or f"{value:.6g}"
     return f"{value:.6g} ({formula} = {meant:.6g}, rounded to {np.dtype(dtype.numpy).name})"

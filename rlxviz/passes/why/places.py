@@ -48,7 +48,7 @@ class Places:
             places by node).
         lacks: the op forms rlxviz lacks at the `OP_GAP_GROUP` places (`standing.place_gaps`), each once, in order.
         gap_worked: how many `OP_GAP_GROUP` places a checked change to the model works around
-            (`caveat.model_fix_note`, the same check that names it in the place's gap line; `gap_workaround`).
+            (`caveat.model_fix_note`, the same check that names it in the place's gap line: `gap_workaround`).
         gap_rounded: how many of those keep the numbers only up to rounding (`caveat.model_fix_rounded`, the
             headline's `OpGap.rounded`). The chip's head words both as the headline does
             (`fix_words.workaround_words`: `in 2 of them (it changes the numbers at rounding level only; ...)`).
@@ -67,11 +67,6 @@ class Places:
     gap_rounded: int = 0
     gap_blockers: list[tuple[str, str]] = field(default_factory=list)
     gap_unchecked: int = 0
-
-    @property
-    def gap_workaround(self) -> bool:
-        """Whether a checked change to the model works around one of the `OP_GAP_GROUP` places (`gap_worked`)."""
-        return self.gap_worked > 0
 
     @property
     def faded(self) -> dict[str, list[str]]:
@@ -164,7 +159,7 @@ LEFT_OUT_STATUS = "left out"
 def gap_workaround(trace: Trace, head: Rejection, st: tuple[str, str] | None) -> bool:
     """Whether a checked change to the model works around the place of headline refusal `head` with `standing` `st`
     (`place_standings`): a place at a gap in rlxviz's ops (`OP_GAP_GROUP`) whose `caveat.model_fix_note` names one.
-    The one reading of it for the chips (`Places.gap_workaround`) and the node drawer."""
+    The one reading of it for the chips (`Places.gap_worked`) and the node drawer."""
     return (st is not None and st[0] == OP_GAP_GROUP
             and bool(model_fix_note(trace, head.rule, head.anchor, head.guard)))
 

@@ -139,7 +139,7 @@ GAP_HAS_A_WORKAROUND = f"a compiler fix{WORKAROUND_TOO}"
 
 def gap_asks(workaround: bool) -> str:
     """What a gap in rlxviz's ops asks of whom: `GAP_HAS_A_WORKAROUND` when a checked change to the model also works
-    around it (`excused.OpGap.workaround`, `LayerVerdict.gap_workaround`, `places.Places.gap_workaround`: data, not
+    around it (`excused.OpGap.workaround`, `LayerVerdict.gap_workaround`, `places.Places.gap_worked`: data, not
     read back from the words), else `GAP_IS_THE_COMPILERS`. The headline, the app's layer strip and chip marks read
     it."""
     return GAP_HAS_A_WORKAROUND if workaround else GAP_IS_THE_COMPILERS
@@ -156,7 +156,7 @@ _GAP_WORKAROUND_HEADINGS = (
 def left_out_heading(group: str, n: int, workaround: bool = False) -> str:
     """The heading of `n` items of a `verdict.LEFT_OUT_GROUPS` group, e.g. `1 lookalike, not a candidate (nothing to
     fix, not a near-miss)`; the text's line ends it with a colon, the app's chips say it in a tooltip. `workaround`:
-    a checked change to the model works around one of the gap group's places (`places.Places.gap_workaround`), so
+    a checked change to the model works around one of the gap group's places (`places.Places.gap_worked`), so
     its heading says so, not "nothing in the model to change" (`gap_asks`).
 
     Raises:
